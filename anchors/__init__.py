@@ -1,0 +1,1 @@
+"""Recorded fingerprints of known vLLM releases (one JSON file per release)."""

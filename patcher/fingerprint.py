@@ -1,0 +1,65 @@
+"""Structural fingerprints of code that ignore formatting.
+
+Two pieces of code have the same fingerprint when they parse to the same
+``ast`` tree: whitespace, line breaks, comments, redundant parentheses and
+quote style do not count; any change to the code itself does. This module only
+uses ``ast`` and ``hashlib``, so the fast paths never import libcst.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import textwrap
+
+
+def normalize(code: str) -> str:
+    """The canonical form of ``code``: the dump of its AST without positions."""
+    tree = ast.parse(textwrap.dedent(code))
+    return ast.dump(tree, annotate_fields=True, include_attributes=False)
+
+
+def normalize_node(node: ast.AST) -> str:
+    return ast.dump(node, annotate_fields=True, include_attributes=False)
+
+
+def statements(code: str) -> list[str]:
+    """The canonical form of each top-level statement in ``code``."""
+    tree = ast.parse(textwrap.dedent(code))
+    return [normalize_node(stmt) for stmt in tree.body]
+
+
+def digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def fingerprint(code: str) -> str:
+    return digest(normalize(code))
+
+
+def find_scope(tree: ast.Module, cls: str | None, func: str | None) -> ast.AST | None:
+    """The class/function named by the scope, looked up in module-level code only."""
+    node: ast.AST = tree
+    if cls is not None:
+        node = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls), None)
+        if node is None:
+            return None
+    if func is not None:
+        body = node.body  # type: ignore[attr-defined]
+        node = next(
+            (n for n in body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == func),
+            None,
+        )
+    return node
+
+
+def scope_fingerprint(source: str, cls: str | None, func: str | None) -> str | None:
+    """Fingerprint of the enclosing function of an anchor, for the drift report."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return None
+    node = find_scope(tree, cls, func)
+    if node is None:
+        return None
+    return digest(normalize_node(node))

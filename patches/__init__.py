@@ -1,0 +1,1 @@
+"""One module per patch; patcher.registry discovers them by walking this package."""

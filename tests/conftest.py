@@ -1,0 +1,68 @@
+"""Fixtures shared by every test module.
+
+``make_tree("0.30.0")`` gives a fresh, writable copy of a real release,
+``make_tree("0.30.0", reformatted=True)`` the reformatted copy, and
+``cli(...)`` runs the real command line in-process and returns its result.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+from contextlib import redirect_stderr, redirect_stdout
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from tests.releases import RELEASES, copy_tree, pristine_tree  # noqa: E402
+
+
+@dataclass
+class CliResult:
+    code: int
+    stdout: str
+    stderr: str
+
+    def json(self) -> dict:
+        return json.loads(self.stdout)
+
+    def verdicts(self) -> dict[str, str]:
+        return {p["id"]: p["verdict"] for p in self.json()["patches"]}
+
+
+def run_cli(*args: str) -> CliResult:
+    from patcher.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        code = main([str(a) for a in args])
+    return CliResult(code, out.getvalue(), err.getvalue())
+
+
+@pytest.fixture
+def cli():
+    return run_cli
+
+
+@pytest.fixture
+def make_tree(tmp_path_factory):
+    def make(version: str, reformatted: bool = False) -> Path:
+        if reformatted:
+            from tests.reformat import reformatted_tree
+
+            source = reformatted_tree(version)
+        else:
+            source = pristine_tree(version)
+        dest = tmp_path_factory.mktemp(f"vllm-{version}{'-ref' if reformatted else ''}")
+        return copy_tree(source, dest / "site-packages")
+
+    return make
+
+
+RELEASE_PARAMS = [pytest.param(v, id=f"vllm-{v}") for v in RELEASES]

@@ -1,0 +1,173 @@
+"""Real vLLM and FlashInfer releases for the tests, fetched with pip into a cache.
+
+Nothing of vLLM is committed: wheels are downloaded with pip (its configured
+index) into ``$PATCH_DSV4_TEST_CACHE`` (default ``~/.cache/patch-dsv4-tests``),
+installed once with ``pip install --no-deps --target`` into a pristine tree, and
+each test works on a cheap copy of that tree (hard links for files we never
+write, real copies for the DeepSeek-V4 sources and the dist-info).
+"""
+
+from __future__ import annotations
+
+import base64
+import fcntl
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from contextlib import contextmanager
+from pathlib import Path
+
+RELEASES = ("0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0")
+PINNED_FLASHINFER = {
+    "0.28.0": "0.6.16.post3",
+    "0.29.0": "0.6.18",
+    "0.30.0": "0.6.18.post1",
+    "0.31.0": "0.7.0.post1",
+    "0.32.0": "0.7.0.post1",
+    "0.33.0": "0.7.2.post1",
+}
+DSV4 = "vllm/models/deepseek_v4"
+# Copied for real into each test tree (everything else is hard-linked).
+REAL_COPY = ("vllm/models", "vllm/v1/attention")
+
+
+def cache_dir() -> Path:
+    root = Path(os.environ.get("PATCH_DSV4_TEST_CACHE", Path.home() / ".cache" / "patch-dsv4-tests"))
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+@contextmanager
+def _cache_lock(name: str):
+    path = cache_dir() / f".{name}.lock"
+    with open(path, "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        yield
+
+
+def wheel(project: str, version: str) -> Path:
+    """The wheel of ``project==version``, downloaded once with pip."""
+    directory = cache_dir() / "wheels"
+    directory.mkdir(exist_ok=True)
+    prefix = project.replace("-", "_")
+
+    def find() -> Path | None:
+        found = sorted(directory.glob(f"{prefix}-{version}-*.whl"))
+        return found[0] if found else None
+
+    if (hit := find()) is not None:
+        return hit
+    with _cache_lock(f"wheel-{prefix}-{version}"):
+        if (hit := find()) is not None:
+            return hit
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "-d", str(directory), f"{project}=={version}"],
+            check=True,
+        )
+        hit = find()
+        assert hit is not None, f"pip download gave no wheel for {project}=={version}"
+        return hit
+
+
+def pristine_tree(version: str) -> Path:
+    """vLLM ``version`` installed with ``pip install --no-deps --target``; never written to."""
+    target = cache_dir() / "trees" / f"vllm-{version}"
+    if (target / ".complete").exists():
+        return target
+    whl = wheel("vllm", version)
+    with _cache_lock(f"tree-{version}"):
+        if (target / ".complete").exists():
+            return target
+        partial = target.with_name(target.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        shutil.rmtree(target, ignore_errors=True)
+        subprocess.run(
+            [
+                sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-compile",
+                "--disable-pip-version-check", "--target", str(partial), str(whl),
+            ],
+            check=True,
+        )
+        (partial / ".complete").write_text(version)
+        partial.rename(target)
+    return target
+
+
+def copy_tree(source: Path, dest: Path) -> Path:
+    """A copy of an installed tree: hard links, except real copies under REAL_COPY and dist-info."""
+    for root, dirs, files in os.walk(source):
+        rel = Path(root).relative_to(source)
+        (dest / rel).mkdir(parents=True, exist_ok=True)
+        real = rel.parts[:1] and (rel.parts[0].endswith(".dist-info") or any(
+            str(rel) == p or str(rel).startswith(p + "/") for p in REAL_COPY
+        ))
+        for name in files:
+            if name == ".complete":
+                continue
+            src, dst = Path(root) / name, dest / rel / name
+            if real:
+                shutil.copy2(src, dst)
+            else:
+                os.link(src, dst)
+    return dest
+
+
+def release_tree(version: str, dest: Path) -> Path:
+    return copy_tree(pristine_tree(version), dest)
+
+
+def wheel_file(version: str, relpath: str) -> bytes:
+    """A file's bytes exactly as the vLLM wheel ships it."""
+    with zipfile.ZipFile(wheel("vllm", version)) as zf:
+        return zf.read(relpath)
+
+
+def record_hash(data: bytes) -> str:
+    return base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+
+def rewrite_record(tree: Path, changed: list[str]) -> None:
+    """Make the RECORD of a test copy match files the test rewrote (a re-released copy)."""
+    (dist_info,) = tree.glob("vllm-*.dist-info")
+    record = dist_info / "RECORD"
+    lines = record.read_text().splitlines()
+    changed_set = set(changed)
+    out = []
+    for line in lines:
+        path = line.split(",", 1)[0]
+        if path in changed_set:
+            data = (tree / path).read_bytes()
+            line = f"{path},sha256={record_hash(data)},{len(data)}"
+        out.append(line)
+    record.unlink()
+    record.write_text("\n".join(out) + "\n")
+
+
+def hand_edit(path: Path, text: str) -> None:
+    """Change a file the way an editor would, without touching hard-linked siblings."""
+    path.unlink()
+    path.write_text(text)
+
+
+def stat_snapshot(tree: Path) -> dict[str, tuple[int, int, int]]:
+    """(inode, size, mtime) of every file outside __pycache__: cheap, and any write shows."""
+    snap = {}
+    for root, dirs, files in os.walk(tree):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        for name in files:
+            p = Path(root) / name
+            st = p.lstat()
+            snap[str(p.relative_to(tree))] = (st.st_ino, st.st_size, st.st_mtime_ns)
+    return snap
+
+
+def content_snapshot(tree: Path, under: str = DSV4) -> dict[str, str]:
+    snap = {}
+    base = tree / under
+    for p in sorted(base.rglob("*")):
+        if p.is_file() and "__pycache__" not in p.parts:
+            snap[str(p.relative_to(tree))] = hashlib.sha256(p.read_bytes()).hexdigest()
+    return snap

@@ -1,0 +1,74 @@
+"""apply / apply again / verify / revert on every real release, pristine and reformatted.
+
+Generic over the patches: whatever a release needs is applied, proven idempotent
+(a second apply changes no byte, state included) and reverted byte for byte to
+the wheel's own content.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+
+from tests.conftest import RELEASE_PARAMS
+from tests.releases import content_snapshot, stat_snapshot, wheel_file
+
+NEEDS_ACTION = {"pending", "drifted", "modified"}
+
+
+def _state_bytes(tree):
+    state = tree / ".patch-dsv4"
+    return {
+        str(p.relative_to(tree)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(state.rglob("*"))
+        if p.is_file()
+    }
+
+
+@pytest.mark.parametrize("reformatted", [False, True], ids=["pristine", "reformatted"])
+@pytest.mark.parametrize("version", RELEASE_PARAMS)
+def test_apply_twice_verify_revert(version, reformatted, make_tree, cli):
+    tree = make_tree(version, reformatted=reformatted)
+    before = stat_snapshot(tree)
+    original = content_snapshot(tree)
+
+    status = cli("status", "--site-packages", tree, "--json")
+    assert status.code == 0, status.stderr
+    needed = {pid for pid, v in status.verdicts().items() if v == "pending"}
+    assert not {v for v in status.verdicts().values()} & {"drifted", "modified"}, status.stdout
+
+    applied = cli("apply", "--site-packages", tree, "--json")
+    assert applied.code == 0, applied.stderr
+    for pid in needed:
+        assert applied.verdicts()[pid] == "applied"
+    changed = {f for f in stat_snapshot(tree) if before.get(f) != stat_snapshot(tree)[f]}
+    patched_files = set(applied.json()["changed_files"])
+    assert {f for f in changed if not f.startswith(".patch-dsv4")} == patched_files
+    assert bool(patched_files) == bool(needed)
+
+    snap_files, snap_state = content_snapshot(tree), _state_bytes(tree)
+    stat_after_first = stat_snapshot(tree)
+    again = cli("apply", "--site-packages", tree, "--json")
+    assert again.code == 0, again.stderr
+    assert again.json()["changed_files"] == []
+    assert content_snapshot(tree) == snap_files
+    assert _state_bytes(tree) == snap_state
+    assert stat_snapshot(tree) == stat_after_first, "a second apply rewrote a file"
+
+    verify = cli("verify", "--site-packages", tree, "--json")
+    assert verify.code == 0, verify.stdout
+    assert not set(verify.verdicts().values()) & NEEDS_ACTION
+
+    reverted = cli("revert", "--site-packages", tree, "--json")
+    assert reverted.code == 0, reverted.stderr
+    assert content_snapshot(tree) == original
+    if not reformatted:
+        for relpath in patched_files:
+            assert (tree / relpath).read_bytes() == wheel_file(version, relpath), relpath
+    assert not (tree / ".patch-dsv4").exists()
+    assert not (tree / ".patch-dsv4.lock").exists()
+
+    after = cli("verify", "--site-packages", tree, "--json")
+    assert after.code == (1 if needed else 0), after.stdout
+    assert {pid for pid, v in after.verdicts().items() if v == "pending"} == needed
