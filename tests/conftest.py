@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import shutil
 import sys
 from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass
@@ -52,6 +53,9 @@ def cli():
 
 @pytest.fixture
 def make_tree(tmp_path_factory):
+    """Fresh writable copies of real releases, removed again after the test (5,000+ files each)."""
+    made: list[Path] = []
+
     def make(version: str, reformatted: bool = False) -> Path:
         if reformatted:
             from tests.reformat import reformatted_tree
@@ -60,9 +64,12 @@ def make_tree(tmp_path_factory):
         else:
             source = pristine_tree(version)
         dest = tmp_path_factory.mktemp(f"vllm-{version}{'-ref' if reformatted else ''}")
+        made.append(dest)
         return copy_tree(source, dest / "site-packages")
 
-    return make
+    yield make
+    for dest in made:
+        shutil.rmtree(dest, ignore_errors=True)
 
 
 RELEASE_PARAMS = [pytest.param(v, id=f"vllm-{v}") for v in RELEASES]

@@ -1,0 +1,205 @@
+"""The engine's promises on bad input: clear one-line errors, the right exit status, nothing lost."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from patcher import engine
+from patcher.edits import ReplaceStatements, Scope
+from patcher.patch import Edit, Patch
+from patcher.verdicts import Outcome, Verdict
+from patches.stream_load import VL_MODEL
+from tests.releases import hand_edit, stat_snapshot
+
+
+def _one_line(stderr: str) -> str:
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, stderr
+    assert "Traceback" not in stderr
+    return lines[0]
+
+
+def test_directory_without_vllm(tmp_path, cli):
+    result = cli("status", "--site-packages", tmp_path)
+    assert result.code == 2
+    assert "no vLLM in" in _one_line(result.stderr)
+    missing = cli("apply", "--site-packages", tmp_path / "nope")
+    assert missing.code == 2
+    assert "is not a directory" in _one_line(missing.stderr)
+
+
+def test_json_errors_are_json(tmp_path, cli):
+    result = cli("verify", "--site-packages", tmp_path, "--json")
+    assert result.code == 2
+    assert json.loads(result.stdout)["exit_code"] == 2
+
+
+def _fake_vllm(root, version="0.27.0"):
+    (root / "vllm").mkdir(parents=True)
+    (root / "vllm" / "__init__.py").write_text("")
+    dist = root / f"vllm-{version}.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n\n")
+    (dist / "RECORD").write_text("vllm/__init__.py,sha256=47DEQpj8HBSa-_TImW-5JCeuQeRkm5NMpJWZG3hSuFU,0\n")
+    return root
+
+
+def test_vllm_without_deepseek_v4(tmp_path, cli):
+    root = _fake_vllm(tmp_path / "sp")
+    before = stat_snapshot(root)
+    status = cli("status", "--site-packages", root, "--json")
+    assert status.code == 0
+    assert set(status.verdicts().values()) == {"not-applicable"}
+    assert status.json()["flashinfer_source"] is None
+    assert cli("apply", "--site-packages", root).code == 0
+    assert cli("verify", "--site-packages", root).code == 0
+    assert stat_snapshot(root) == before
+
+
+@pytest.mark.parametrize("damage", ["truncated", "not-utf8", "wrong-schema"])
+def test_damaged_state_is_exit_2_and_nothing_written(damage, make_tree, cli):
+    tree = make_tree("0.30.0")
+    assert cli("apply", "--site-packages", tree).code == 0
+    manifest = tree / ".patch-dsv4" / "manifest.json"
+    data = manifest.read_bytes()
+    if damage == "truncated":
+        manifest.write_bytes(data[: len(data) // 2])
+    elif damage == "not-utf8":
+        manifest.write_bytes(b"\xff\xfe" + data)
+    else:
+        manifest.write_text(json.dumps({**json.loads(data), "schema": 99}))
+    before = stat_snapshot(tree)
+    for command in ("status", "verify", "apply", "revert"):
+        result = cli(command, "--site-packages", tree)
+        assert result.code == 2, (command, result.stdout, result.stderr)
+        assert "unreadable state" in _one_line(result.stderr)
+    assert stat_snapshot(tree) == before
+
+
+def test_hand_changed_file_refused_unless_force(make_tree, cli):
+    tree = make_tree("0.30.0")
+    target = tree / VL_MODEL
+    edited = target.read_text() + "\n# a local hotfix\n"
+    hand_edit(target, edited)
+    before = stat_snapshot(tree)
+    refused = cli("apply", "--site-packages", tree)
+    assert refused.code == 1
+    line = _one_line(refused.stderr)
+    assert VL_MODEL in line and "RECORD" in line and "--force" in line
+    assert stat_snapshot(tree) == before
+
+    forced = cli("apply", "--site-packages", tree, "--force", "--json")
+    assert forced.code == 0
+    assert forced.verdicts()["stream-load"] == "applied"
+    assert cli("revert", "--site-packages", tree).code == 0
+    assert target.read_text() == edited  # the backup is what was there, hotfix included
+
+
+def test_patched_file_changed_before_revert_is_kept(make_tree, cli):
+    tree = make_tree("0.30.0")
+    assert cli("apply", "--site-packages", tree).code == 0
+    target = tree / VL_MODEL
+    edited = target.read_text().replace("# patch-dsv4 (stream-load)", "# patch-dsv4 (stream-load) reviewed")
+    hand_edit(target, edited)
+    status = cli("status", "--site-packages", tree, "--json")
+    assert status.verdicts()["stream-load"] == "modified"
+    assert cli("verify", "--site-packages", tree).code == 1
+    before = stat_snapshot(tree)
+    refused = cli("revert", "--site-packages", tree)
+    assert refused.code == 1
+    assert "refusing to revert" in _one_line(refused.stderr)
+    assert cli("apply", "--site-packages", tree).code == 1
+    assert stat_snapshot(tree) == before
+    assert target.read_text() == edited
+
+
+class _Appending(Edit):
+    """A broken transform: every run appends again."""
+
+    label = "append forever"
+    file = VL_MODEL
+
+    def evaluate(self, ctx, text):
+        return Outcome(Verdict.PENDING, "always pending", new_text=(text or "") + "\nX = 1\n")
+
+
+class _NotIdempotent(Patch):
+    """Test patch whose transform is not idempotent."""
+
+    id = "not-idempotent"
+    title = "test"
+
+    def edits(self, ctx):
+        return [_Appending()]
+
+
+def test_non_idempotent_transform_caught_before_writing(make_tree, cli, monkeypatch):
+    monkeypatch.setattr(engine, "discover_patches", lambda: [_NotIdempotent()])
+    tree = make_tree("0.30.0")
+    before = stat_snapshot(tree)
+    result = cli("apply", "--site-packages", tree)
+    assert result.code == 2
+    assert "not idempotent" in _one_line(result.stderr)
+    assert stat_snapshot(tree) == before
+
+
+class _AnchorSurvives(Patch):
+    """Test patch whose replacement still contains its anchor: the engine must notice."""
+
+    id = "anchor-survives"
+    title = "test"
+
+    def edits(self, ctx):
+        return [
+            ReplaceStatements(
+                label="keeps anchor",
+                file=VL_MODEL,
+                scope=Scope("DeepseekV4ForConditionalGeneration", "load_weights"),
+                anchor="loader = AutoWeightsLoader(self)",
+                replacement="loader = AutoWeightsLoader(self)\nloader = loader",
+            )
+        ]
+
+
+def test_replacement_without_marker_is_not_taken_as_ours(make_tree, cli, monkeypatch):
+    monkeypatch.setattr(engine, "discover_patches", lambda: [_AnchorSurvives()])
+    tree = make_tree("0.30.0")
+    assert cli("apply", "--site-packages", tree).code == 0
+    again = cli("status", "--site-packages", tree, "--json")
+    assert again.verdicts()["anchor-survives"] == "applied"
+    assert cli("revert", "--site-packages", tree).code == 0
+
+
+def test_dry_run_prints_diff_and_writes_nothing(make_tree, cli):
+    tree = make_tree("0.31.0")
+    before = stat_snapshot(tree)
+    result = cli("apply", "--site-packages", tree, "--dry-run")
+    assert result.code == 0
+    assert f"+++ b/{VL_MODEL}" in result.stdout
+    assert "+            mapped = _patch_dsv4_stream_language_model_first(mapped)" in result.stdout
+    assert stat_snapshot(tree) == before
+    assert not (tree / ".patch-dsv4").exists() and not (tree / ".patch-dsv4.lock").exists()
+
+
+def test_unknown_patch_id(make_tree, cli):
+    tree = make_tree("0.30.0")
+    result = cli("apply", "--site-packages", tree, "--only", "no-such-patch")
+    assert result.code == 2
+    assert "unknown patch id" in _one_line(result.stderr)
+
+
+def test_list_shows_every_patch_with_why(cli):
+    result = cli("list", "--json")
+    assert result.code == 0
+    patches = json.loads(result.stdout)["patches"]
+    assert "stream-load" in {p["id"] for p in patches}
+    assert all(p["why"] and p["title"] for p in patches)
+
+
+def test_markdown_report(make_tree, cli):
+    tree = make_tree("0.33.0")
+    result = cli("status", "--site-packages", tree, "--format", "markdown")
+    assert result.code == 0
+    assert "| `stream-load` | upstream |" in result.stdout
