@@ -24,6 +24,7 @@ from patcher.state import (
     StateStore,
     _step,
     atomic_write,
+    remove_temp_files,
     replace_source,
     sha256_bytes,
     sha256_path,
@@ -414,7 +415,14 @@ def _roll_forward(env: Environment, store: StateStore, manifest: Manifest) -> No
 def recover(env: Environment, store: StateStore) -> None:
     """Finish what a killed apply or revert started (call with the lock held)."""
     manifest = store.load()
-    if manifest is None or manifest.transaction is None:
+    if manifest is None:
+        # A run killed before its journal was written: nothing refers to what it left.
+        if store.dir.exists():
+            store.remove()
+        return
+    for relpath in {*manifest.files, *(manifest.transaction or {}).get("files", {})}:
+        remove_temp_files(env.path(relpath))
+    if manifest.transaction is None:
         store.clear_staged()
         return
     if manifest.transaction["op"] == "apply":

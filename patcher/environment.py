@@ -60,19 +60,45 @@ def _read_dist(dist_info: Path) -> Distribution | None:
 
 
 def find_distribution(name: str, search_path: list[Path]) -> Distribution | None:
-    """The first distribution called ``name`` on ``search_path`` (import order)."""
+    """The first distribution called ``name`` on ``search_path`` (import order).
+
+    One directory can hold two dist-infos of one project (``pip install
+    --target --upgrade`` leaves the old one behind): the one whose RECORD
+    matches the files on disk is the installed one.
+    """
     wanted = canonical_name(name)
     for entry in search_path:
         if not entry.is_dir():
             continue
+        found = []
         for dist_info in sorted(entry.glob("*.dist-info")):
             # "<name>-<version>.dist-info": versions hold no dash.
             if canonical_name(dist_info.name[: -len(".dist-info")].rpartition("-")[0]) != wanted:
                 continue
             dist = _read_dist(dist_info)
             if dist is not None and dist.name == wanted:
-                return dist
+                found.append(dist)
+        if len(found) == 1:
+            return found[0]
+        if found:
+            return max(found, key=_files_on_disk_matching)
     return None
+
+
+def _files_on_disk_matching(dist: Distribution) -> int:
+    """How many of the package's top-level modules on disk are the ones this RECORD lists."""
+    try:
+        record = read_record(dist)
+    except EnvironmentProblem:
+        return -1
+    matches = 0
+    for relpath, digest in record.items():
+        if relpath.count("/") == 1 and relpath.endswith((".py",)) and not relpath.startswith("../"):
+            try:
+                matches += record_digest((dist.root / relpath).read_bytes()) == digest
+            except OSError:
+                pass
+    return matches
 
 
 @dataclass(frozen=True)

@@ -65,10 +65,20 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+def _temp_name(path: Path, tag: str) -> Path:
+    return path.with_name(f".{path.name}.patch-dsv4-{tag}.tmp")
+
+
+def remove_temp_files(path: Path) -> None:
+    """Remove what a killed atomic_write of ``path`` may have left beside it."""
+    for tmp in path.parent.glob(_temp_name(path, "*").name):
+        tmp.unlink(missing_ok=True)
+
+
 def atomic_write(path: Path, data: bytes, mode: int | None = None) -> None:
     """Replace ``path`` with ``data``: readers see the old or the new file, never a mix."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.patch-dsv4-{os.getpid()}.tmp")
+    tmp = _temp_name(path, str(os.getpid()))
     if mode is None:
         try:
             mode = path.stat().st_mode & 0o7777
@@ -78,6 +88,7 @@ def atomic_write(path: Path, data: bytes, mode: int | None = None) -> None:
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
+            _step(f"write:{path.name}")
             fh.flush()
             os.fsync(fh.fileno())
         os.chmod(tmp, mode)

@@ -97,13 +97,34 @@ def pristine_tree(version: str) -> Path:
 
 
 def copy_tree(source: Path, dest: Path) -> Path:
-    """A copy of an installed tree: hard links, except real copies under REAL_COPY and dist-info."""
+    """A cheap, writable copy of an installed tree.
+
+    Real copies under REAL_COPY and the dist-info (where patches write and tests
+    edit), hard links for the other files beside them, and symlinks for whole
+    directories nothing writes to: about 300 entries instead of 5,600.
+    """
+
+    def on_the_way(rel: str) -> bool:
+        return any(p == rel or p.startswith(rel + "/") for p in REAL_COPY)
+
+    def inside(rel: str) -> bool:
+        return any(rel == p or rel.startswith(p + "/") for p in REAL_COPY) or rel.split("/")[0].endswith(
+            ".dist-info"
+        )
+
     for root, dirs, files in os.walk(source):
         rel = Path(root).relative_to(source)
+        rel_s = "" if str(rel) == "." else str(rel)
         (dest / rel).mkdir(parents=True, exist_ok=True)
-        real = rel.parts[:1] and (rel.parts[0].endswith(".dist-info") or any(
-            str(rel) == p or str(rel).startswith(p + "/") for p in REAL_COPY
-        ))
+        keep = []
+        for d in dirs:
+            child = f"{rel_s}/{d}" if rel_s else d
+            if inside(child) or on_the_way(child) or not rel_s:
+                keep.append(d)
+            else:
+                os.symlink(Path(root) / d, dest / rel / d)
+        dirs[:] = keep
+        real = inside(rel_s) if rel_s else False
         for name in files:
             if name == ".complete":
                 continue

@@ -1,0 +1,261 @@
+"""Real deployments: concurrent ranks, upgrades, stale bytecode, other interpreters, crashes."""
+
+from __future__ import annotations
+
+import hashlib
+import multiprocessing
+import os
+import shutil
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import pytest
+
+from patches.stream_load import VL_MODEL
+from tests.conftest import ROOT
+from tests.releases import DSV4, content_snapshot, wheel, wheel_file
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _rank(args, barrier, devnull):
+    os.dup2(devnull, 1)
+    os.dup2(devnull, 2)
+    sys.stdout = sys.stderr = open(os.devnull, "w")
+    from patcher.cli import main
+
+    barrier.wait()
+    os._exit(main(args))
+
+
+def _run_ranks(tree: Path, n: int = 8) -> list[int]:
+    ctx = multiprocessing.get_context("fork")
+    barrier = ctx.Barrier(n)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    procs = [
+        ctx.Process(target=_rank, args=(["apply", "--site-packages", str(tree)], barrier, devnull)) for _ in range(n)
+    ]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    os.close(devnull)
+    return [p.exitcode for p in procs]
+
+
+def test_eight_ranks_apply_at_once(make_tree, cli):
+    tree = make_tree("0.30.0")
+    original = content_snapshot(tree)
+    codes = _run_ranks(tree)
+    assert codes == [0] * 8
+    assert cli("verify", "--site-packages", tree).code == 0
+    status = cli("status", "--site-packages", tree, "--json").json()
+    assert status["state"] == "current"
+    patched = sorted(f for p in status["patches"] if p["verdict"] == "applied" for f in p["files"])
+    assert VL_MODEL in patched
+    backups = sorted(
+        str(p.relative_to(tree / ".patch-dsv4" / "backups"))
+        for p in (tree / ".patch-dsv4" / "backups").rglob("*")
+        if p.is_file()
+    )
+    assert backups == patched  # one backup set
+    assert not list((tree / ".patch-dsv4").rglob("*.tmp"))
+    assert not list((tree / DSV4).rglob("*.tmp"))
+    assert cli("revert", "--site-packages", tree).code == 0
+    assert content_snapshot(tree) == original
+    assert not (tree / ".patch-dsv4.lock").exists()
+
+
+def _pip_target(tree: Path, version: str) -> None:
+    subprocess.run(
+        [
+            sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-compile", "--upgrade",
+            "--disable-pip-version-check", "--target", str(tree), str(wheel("vllm", version)),
+        ],
+        check=True,
+        capture_output=True,
+    )
+
+
+def test_upgrade_over_a_patched_tree(make_tree, cli):
+    tree = make_tree("0.30.0")
+    assert cli("apply", "--site-packages", tree).code == 0
+    _pip_target(tree, "0.31.0")  # what an image rebuild or `pip install -U` does
+
+    status = cli("status", "--site-packages", tree, "--json")
+    assert status.json()["vllm_version"] == "0.31.0"
+    assert status.json()["state"] == "stale"
+    assert status.verdicts()["stream-load"] == "pending"
+    assert any("stale" in note for note in status.json()["notes"])
+    assert cli("verify", "--site-packages", tree).code == 1
+
+    # revert must not put 0.30.0's file back into 0.31.0
+    reverted = cli("revert", "--site-packages", tree, "--json")
+    assert reverted.code == 0
+    assert reverted.json()["changed_files"] == []
+    assert (tree / VL_MODEL).read_bytes() == wheel_file("0.31.0", VL_MODEL)
+    assert not (tree / ".patch-dsv4").exists()
+
+    # a stale state left in place is replaced by a clean apply
+    assert cli("apply", "--site-packages", tree).code == 0
+    _pip_target(tree, "0.30.0")
+    _pip_target(tree, "0.31.0")
+    applied = cli("apply", "--site-packages", tree, "--json")
+    assert applied.code == 0
+    assert applied.json()["state"] == "current"
+    assert applied.verdicts()["stream-load"] == "applied"
+    assert cli("verify", "--site-packages", tree).code == 0
+    assert cli("revert", "--site-packages", tree).code == 0
+    assert (tree / VL_MODEL).read_bytes() == wheel_file("0.31.0", VL_MODEL)
+
+
+def test_reinstall_of_the_same_release_makes_state_stale(make_tree, cli):
+    tree = make_tree("0.30.0")
+    assert cli("apply", "--site-packages", tree).code == 0
+    _pip_target(tree, "0.30.0")
+    status = cli("status", "--site-packages", tree, "--json")
+    assert status.json()["state"] == "stale"
+    assert status.verdicts()["stream-load"] == "pending"
+    assert cli("apply", "--site-packages", tree).code == 0
+    assert cli("verify", "--site-packages", tree).code == 0
+
+
+def _pycs_of(path: Path) -> list[Path]:
+    return sorted((path.parent / "__pycache__").glob(f"{path.stem}.*.pyc"))
+
+
+def test_no_stale_bytecode_after_apply_or_revert(make_tree, cli):
+    tree = make_tree("0.30.0")
+    subprocess.run(
+        [sys.executable, "-m", "compileall", "-q", "--invalidation-mode", "unchecked-hash", str(tree / DSV4)],
+        check=True,
+    )
+    target = tree / VL_MODEL
+    assert _pycs_of(target)
+    untouched = tree / DSV4 / "nvidia" / "vl_model.py"
+    untouched_pycs = _pycs_of(untouched)
+    assert cli("apply", "--site-packages", tree).code == 0
+    assert _pycs_of(target) == []
+    assert _pycs_of(untouched) == untouched_pycs  # only what changed loses its bytecode
+    subprocess.run(
+        [sys.executable, "-m", "compileall", "-q", "--invalidation-mode", "unchecked-hash", str(target)], check=True
+    )
+    assert cli("revert", "--site-packages", tree).code == 0
+    assert _pycs_of(target) == []
+
+
+def test_python_option_acts_on_another_venv(tmp_path, cli):
+    env_dir = tmp_path / "venv"
+    venv.EnvBuilder(with_pip=False).create(env_dir)
+    python = env_dir / "bin" / "python"
+    site = Path(
+        subprocess.run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True, text=True, check=True,
+        ).stdout.strip()
+    )
+    _pip_target(site, "0.32.0")
+    status = cli("status", "--python", python, "--json")
+    assert status.code == 0, status.stderr
+    assert status.json()["vllm_version"] == "0.32.0"
+    assert Path(status.json()["target"]) == site
+    assert status.verdicts()["stream-load"] == "pending"
+    assert cli("apply", "--python", python).code == 0
+    assert cli("verify", "--python", python).code == 0
+    assert cli("revert", "--python", python).code == 0
+    assert (site / VL_MODEL).read_bytes() == wheel_file("0.32.0", VL_MODEL)
+
+
+def test_python_option_bad_interpreter(tmp_path, cli):
+    result = cli("status", "--python", tmp_path / "no-python")
+    assert result.code == 2
+    assert "cannot run" in result.stderr
+
+
+# -- crash safety: SIGKILL at every write step -------------------------------------
+KILL_AT_STEP = """
+import os, signal, sys
+import patcher.state as state
+target, count = int(sys.argv[1]), 0
+def hook(name):
+    global count
+    count += 1
+    if count == target:
+        os.kill(os.getpid(), signal.SIGKILL)
+state._fault_hook = hook
+from patcher.cli import main
+main(sys.argv[2:])
+"""
+
+
+def _killed_run(step: int, *args) -> int:
+    proc = subprocess.run(
+        [sys.executable, "-c", KILL_AT_STEP, str(step), *map(str, args)],
+        cwd=ROOT, capture_output=True, text=True,
+    )
+    return proc.returncode
+
+
+def _old_or_new(tree: Path, old: dict, new: dict) -> None:
+    # A killed writer may leave its hidden temp file beside a target; the next run removes it.
+    now = {k: v for k, v in content_snapshot(tree).items() if not k.endswith(".tmp")}
+    assert set(now) == set(old)
+    for relpath, sha in now.items():
+        assert sha in (old[relpath], new[relpath]), f"{relpath} is neither the old nor the new file"
+
+
+@pytest.mark.parametrize("version", ["0.30.0"])
+def test_apply_killed_at_every_step(version, make_tree, cli):
+    reference = make_tree(version)
+    old = content_snapshot(reference)
+    assert cli("apply", "--site-packages", reference).code == 0
+    new = content_snapshot(reference)
+    assert old != new
+    step = 0
+    while True:
+        step += 1
+        recovery = "apply" if step % 2 else "revert"  # both kinds of recovery, across the steps
+        tree = make_tree(version)
+        code = _killed_run(step, "apply", "--site-packages", tree)
+        if code == 0:
+            assert content_snapshot(tree) == new
+            break
+        assert code == -9, f"step {step}: exit {code}"
+        _old_or_new(tree, old, new)
+        assert cli(recovery, "--site-packages", tree).code == 0, (step, recovery)
+        assert content_snapshot(tree) == (new if recovery == "apply" else old), (step, recovery)
+        assert not list((tree / DSV4).rglob("*.tmp"))
+        if recovery == "apply":
+            assert cli("verify", "--site-packages", tree).code == 0
+            assert cli("revert", "--site-packages", tree).code == 0
+            assert content_snapshot(tree) == old
+        assert not (tree / ".patch-dsv4").exists(), (step, recovery)
+        shutil.rmtree(tree.parent)
+    assert step > 5, "the fault hook never fired: nothing was tested"
+
+
+@pytest.mark.parametrize("version", ["0.30.0"])
+def test_revert_killed_at_every_step(version, make_tree, cli):
+    step = 0
+    while True:
+        step += 1
+        tree = make_tree(version)
+        old = content_snapshot(tree)
+        assert cli("apply", "--site-packages", tree).code == 0
+        new = content_snapshot(tree)
+        code = _killed_run(step, "revert", "--site-packages", tree)
+        if code == 0:
+            assert content_snapshot(tree) == old
+            break
+        assert code == -9, f"step {step}: exit {code}"
+        _old_or_new(tree, old, new)
+        assert cli("revert", "--site-packages", tree).code == 0, step
+        assert content_snapshot(tree) == old
+        assert not (tree / ".patch-dsv4").exists()
+        assert not list((tree / DSV4).rglob("*.tmp"))
+        shutil.rmtree(tree.parent)
+    assert step > 2, "the fault hook never fired: nothing was tested"
