@@ -306,6 +306,7 @@ def _apply_locked(env, store, only, force, dry_run) -> Report:
         )
     plan_j = judge(ctx, selected) if only else judgement
     planned = plan_j.planned
+    _step("judged")
     if not force and not dry_run:
         for relpath in planned:
             if relpath in view.ours:

@@ -5,9 +5,11 @@ from __future__ import annotations
 import hashlib
 import multiprocessing
 import os
+import random
 import shutil
 import subprocess
 import sys
+import time
 import venv
 from pathlib import Path
 
@@ -26,7 +28,14 @@ def _rank(args, barrier, devnull):
     os.dup2(devnull, 1)
     os.dup2(devnull, 2)
     sys.stdout = sys.stderr = open(os.devnull, "w")
+    import patcher.state
     from patcher.cli import main
+
+    # Ranks start together but reach the writes at different times, as in a real
+    # launch: without the lock, a late rank finds a file an early one already
+    # patched after it judged the tree, and this test fails.
+    rng = random.Random(os.getpid())
+    patcher.state._fault_hook = lambda step: time.sleep(rng.uniform(0, 0.8)) if step == "judged" else None
 
     barrier.wait()
     os._exit(main(args))
