@@ -1,25 +1,48 @@
 """Eight ranks apply at once, with and without the per-environment lock.
 
-    python bench/lock_demo.py            # with the lock: all exit 0, revert byte-exact
-    python bench/lock_demo.py --no-lock  # lock disabled: ranks refuse, wrong backups
+    python bench/lock_demo.py [--trials 3]            # the lock: every rank exits 0, revert is byte-exact
+    python bench/lock_demo.py [--trials 3] --no-lock  # lock disabled: ranks refuse, backups are wrong
+
+The ranks are those of tests/test_safety.py::test_eight_ranks_apply_at_once;
+this shows that the test fails when the lock is disabled.
 """
-import contextlib, sys, tempfile
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import shutil
+import sys
+import tempfile
 from pathlib import Path
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-import patcher.state as st
-from tests.releases import copy_tree, pristine_tree
-from tests.test_safety import _run_ranks
-from tests.conftest import run_cli
-if "--no-lock" in sys.argv:
-    st.StateStore.lock = lambda self, timeout: contextlib.nullcontext()
-for trial in range(3):
-    tree = copy_tree(pristine_tree("0.30.0"), Path(tempfile.mkdtemp()) / "sp")
-    codes = _run_ranks(tree)
-    v = run_cli("verify", "--site-packages", tree).code
-    backups = sorted(str(p.relative_to(tree)) for p in (tree / ".patch-dsv4").rglob("*") if p.is_file()) if (tree / ".patch-dsv4").exists() else []
-    print(f"trial {trial}: exit codes {codes}, verify {v}, state files {len(backups)}")
-    r = run_cli("revert", "--site-packages", tree)
-    import hashlib
-    from tests.releases import wheel_file
-    ok = all((tree / f).read_bytes() == wheel_file("0.30.0", f) for f in ["vllm/models/deepseek_v4/common/vl_model.py", "vllm/models/deepseek_v4/nvidia/flashinfer_sparse.py"])
-    print(f"   revert {r.code}, byte-exact {ok}")
+
+import patcher.state  # noqa: E402
+from tests.conftest import run_cli  # noqa: E402
+from tests.releases import content_snapshot, copy_tree, pristine_tree  # noqa: E402
+from tests.test_safety import _run_ranks  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--trials", type=int, default=3)
+    parser.add_argument("--no-lock", action="store_true")
+    parser.add_argument("--version", default="0.30.0")
+    args = parser.parse_args()
+    if args.no_lock:
+        patcher.state.StateStore.lock = lambda self, timeout: contextlib.nullcontext()
+    for trial in range(args.trials):
+        work = Path(tempfile.mkdtemp())
+        tree = copy_tree(pristine_tree(args.version), work / "site-packages")
+        original = content_snapshot(tree)
+        codes = _run_ranks(tree)
+        verify = run_cli("verify", "--site-packages", tree).code
+        revert = run_cli("revert", "--site-packages", tree).code
+        exact = content_snapshot(tree) == original
+        print(f"trial {trial}: rank exit codes {codes}; verify {verify}; revert {revert}, byte-exact {exact}")
+        shutil.rmtree(work)
+
+
+if __name__ == "__main__":
+    main()
