@@ -5,10 +5,10 @@ from __future__ import annotations
 import hashlib
 import multiprocessing
 import os
-import random
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import venv
 from pathlib import Path
@@ -24,34 +24,41 @@ def _sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _rank(args, barrier, devnull):
+def _rank(args, start, judged, index, devnull):
     os.dup2(devnull, 1)
     os.dup2(devnull, 2)
     sys.stdout = sys.stderr = open(os.devnull, "w")
     import patcher.state
     from patcher.cli import main
 
-    # Ranks start together but reach the writes at different times, as in a real
-    # launch: without the lock, a late rank finds a file an early one already
-    # patched after it judged the tree, and this test fails.
-    rng = random.Random(os.getpid())
-    patcher.state._fault_hook = lambda step: time.sleep(rng.uniform(0, 0.8)) if step == "judged" else None
+    def overlap(step: str) -> None:
+        # Make the ranks overlap for certain: each waits until all have judged
+        # the tree (only possible when nothing serialises them; with the lock
+        # the wait times out), then they reach the writes one after another.
+        # Without the lock, late ranks find files that early ones patched after
+        # they judged them, and this test fails (bench/lock_demo.py shows it).
+        if step == "judged":
+            try:
+                judged.wait(timeout=10)
+            except threading.BrokenBarrierError:
+                pass
+            time.sleep(index * 0.1)
 
-    barrier.wait()
+    patcher.state._fault_hook = overlap
+    start.wait()
     os._exit(main(args))
 
 
 def _run_ranks(tree: Path, n: int = 8) -> list[int]:
     ctx = multiprocessing.get_context("fork")
-    barrier = ctx.Barrier(n)
+    start, judged = ctx.Barrier(n), ctx.Barrier(n)
     devnull = os.open(os.devnull, os.O_WRONLY)
-    procs = [
-        ctx.Process(target=_rank, args=(["apply", "--site-packages", str(tree)], barrier, devnull)) for _ in range(n)
-    ]
+    args = ["apply", "--site-packages", str(tree)]
+    procs = [ctx.Process(target=_rank, args=(args, start, judged, i, devnull)) for i in range(n)]
     for p in procs:
         p.start()
     for p in procs:
-        p.join(120)
+        p.join(300)
     os.close(devnull)
     return [p.exitcode for p in procs]
 
