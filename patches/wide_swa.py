@@ -1,0 +1,439 @@
+"""Run wide sliding-window prefill rows through FlashInfer 0.6.x as 128-wide slices.
+
+The vision class widens prefill sliding-window index rows from `sliding_window`
+(128) to `sliding_window + vision_max_n_token` (512)
+(`vllm/v1/attention/backends/mla/sparse_swa.py`, `prefill_index_width`, vLLM
+0.30.0 on). On SM120/SM121 (DGX Spark, RTX PRO) the compressed layers' prefill
+goes to FlashInfer's dual-cache kernel (window plus compressed segment), which
+in FlashInfer 0.6.x takes 128-wide window rows only (`if (topk != 128) return
+false` in `dispatch_dsv4_dual`, csrc/sparse_mla_sm120_prefill.cu), so the engine
+dies in warm-up with "Unsupported sparse-MLA prefill configuration ...
+topk=512".
+
+The patch routes exactly those calls (compressed segment present, rows wider
+than 128, more tokens than FlashInfer's decode kernels serve) through 128-wide
+slices: slice s takes columns [128 s, 128 s + 128) with lengths
+clamp(len - 128 s, 0, 128); slice 0 alone carries the compressed segment and the
+attention sink, so each is counted once; the partial results are merged exactly
+by their log-sum-exp, in the kernel's base 2. Everything else takes the
+unchanged call, and the injected code checks the installed FlashInfer again at
+run time, so upgrading FlashInfer after patching takes the kernel's own path.
+
+Fixed upstream in FlashInfer 0.7.0 (dual-cache prefill takes any row width
+with topk % 64 == 0), pinned by vLLM 0.31.0 and later.
+No wide rows before vLLM 0.30.0.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+
+from packaging.version import InvalidVersion, Version
+
+from patcher.edits import ReplaceStatements, Scope
+from patcher.patch import Context, Example, Patch
+from patcher.verdicts import Outcome, Verdict
+
+FLASHINFER_SPARSE = "vllm/models/deepseek_v4/nvidia/flashinfer_sparse.py"
+SPARSE_SWA = "vllm/v1/attention/backends/mla/sparse_swa.py"
+SM120_CLASS = "DeepseekV4FlashInferSM120Attention"
+SCOPE = Scope(SM120_CLASS, "_forward_prefill")
+
+#: The first FlashInfer release whose SM120 dual-cache prefill takes wide rows.
+FIXED_IN_FLASHINFER = Version("0.7.0")
+#: Where FlashInfer 0.6.x states the limit, and the limit itself.
+FLASHINFER_PREFILL_CU = "flashinfer/data/csrc/sparse_mla_sm120_prefill.cu"
+FLASHINFER_PREFILL_DISPATCH_07 = "flashinfer/data/csrc/sparse_mla_sm120/prefill_dispatch.cu"
+_DUAL_DISPATCH = re.compile(r"\bbool\s+dispatch_dsv4_dual\s*\(")
+_ROW_LIMIT = re.compile(r"if\s*\(\s*topk\s*!=\s*128\s*\)\s*return\s+false\s*;")
+
+ANCHOR = """
+flashinfer_trtllm_batch_decode_sparse_mla_dsv4(
+    query=q_chunk,
+    swa_kv_cache=swa_kv_paged,
+    workspace_buffer=self._get_workspace(q.device),
+    sparse_indices=swa_indices_chunk,
+    compressed_kv_cache=extra_kv_paged,
+    out=output[query_start:query_end],
+    bmm1_scale=self.scale,
+    sinks=self.attn_sink,
+    kv_layout="NHD",
+    swa_topk_lens=swa_lens_chunk,
+    extra_sparse_indices=extra_sparse_indices_chunk,
+    extra_sparse_topk_lens=extra_sparse_lengths_chunk,
+)
+"""
+
+REPLACEMENT = """
+# patch-dsv4 (wide-swa): FlashInfer 0.6.x dual-cache prefill takes 128-wide rows only.
+if _patch_dsv4_wide_swa_takes_sliced_path(
+    q_chunk, swa_indices_chunk, extra_sparse_indices_chunk
+):
+    _patch_dsv4_wide_swa_sliced_prefill(
+        query=q_chunk,
+        swa_kv_cache=swa_kv_paged,
+        workspace_buffer=self._get_workspace(q.device),
+        sparse_indices=swa_indices_chunk,
+        compressed_kv_cache=extra_kv_paged,
+        out=output[query_start:query_end],
+        bmm1_scale=self.scale,
+        sinks=self.attn_sink,
+        swa_topk_lens=swa_lens_chunk,
+        extra_sparse_indices=extra_sparse_indices_chunk,
+        extra_sparse_topk_lens=extra_sparse_lengths_chunk,
+    )
+else:
+    flashinfer_trtllm_batch_decode_sparse_mla_dsv4(
+        query=q_chunk,
+        swa_kv_cache=swa_kv_paged,
+        workspace_buffer=self._get_workspace(q.device),
+        sparse_indices=swa_indices_chunk,
+        compressed_kv_cache=extra_kv_paged,
+        out=output[query_start:query_end],
+        bmm1_scale=self.scale,
+        sinks=self.attn_sink,
+        kv_layout="NHD",
+        swa_topk_lens=swa_lens_chunk,
+        extra_sparse_indices=extra_sparse_indices_chunk,
+        extra_sparse_topk_lens=extra_sparse_lengths_chunk,
+    )
+"""
+
+HELPER_TAKES_SLICED_PATH = '''
+def _patch_dsv4_wide_swa_takes_sliced_path(query, sparse_indices, extra_sparse_indices):
+    """Whether this SM120 prefill call needs 128-wide slices.
+
+    Written by patch-dsv4 (wide-swa). True for calls that would reach
+    FlashInfer's dual-cache prefill kernel (a compressed segment, more tokens
+    than its decode kernels serve: 64) with window rows wider than 128, where
+    the installed FlashInfer is older than 0.7.0, whose kernel takes them.
+    Checked at run time, so upgrading FlashInfer after patching takes the
+    kernel's own path.
+    """
+    if (
+        extra_sparse_indices is None
+        or sparse_indices.shape[-1] <= 128
+        or query.shape[0] <= 64
+    ):
+        return False
+    import re
+
+    import flashinfer
+
+    found = re.match(r"(\\d+)\\.(\\d+)", str(getattr(flashinfer, "__version__", "")))
+    return found is not None and (int(found[1]), int(found[2])) < (0, 7)
+'''
+
+HELPER_FLASHINFER_API = '''
+def _patch_dsv4_wide_swa_flashinfer_api():
+    """FlashInfer 0.6.x's private SM120 sparse-MLA entry point and segment type.
+
+    Written by patch-dsv4 (wide-swa). The public wrapper returns no LSE, which
+    the merge needs. Bound to the 0.6.x signature, and checked against it here.
+    """
+    import inspect
+
+    from flashinfer.mla import _core
+
+    run = getattr(_core, "_trtllm_batch_decode_sparse_mla_sm120", None)
+    segment = getattr(_core, "_SparseMLASegment", None)
+    bound = (
+        "query",
+        "kv_cache",
+        "workspace_buffer",
+        "sparse_mla_segments",
+        "out",
+        "sm_scale",
+        "sinks",
+        "lse",
+        "return_lse",
+        "kv_scale_format",
+    )
+    params = inspect.signature(run).parameters if callable(run) else {}
+    if segment is None or any(name not in params for name in bound) or any(
+        name not in bound and p.default is inspect.Parameter.empty
+        for name, p in params.items()
+    ):
+        raise RuntimeError(
+            "patch-dsv4 wide-swa: this FlashInfer's SM120 sparse-MLA API is not "
+            "the 0.6.x one the sliced prefill is bound to; install FlashInfer "
+            ">= 0.7.0, whose kernel takes wide rows, and run `patch-dsv4 status`"
+        )
+    return run, segment
+'''
+
+HELPER_MERGE = '''
+def _patch_dsv4_wide_swa_merge(out_acc, lse_acc, part_out, part_lse):
+    """Fold one slice's result into the running one, exactly, in base 2.
+
+    Written by patch-dsv4 (wide-swa). FlashInfer's SM120 kernels write a
+    base-2 LSE (log2 of the softmax denominator, sink included), so
+    out = sum_s 2^(lse_s - lse) out_s and lse = log2(sum_s 2^lse_s). An empty
+    slice carries the kernel's sentinel LSE, -1e30, and weighs nothing; a row
+    empty in every slice keeps output 0 and the sentinel, as the kernel writes.
+    """
+    part_lse = part_lse.clamp_min(-1e30)
+    new_lse = torch.maximum(lse_acc, part_lse)
+    keep = torch.exp2(lse_acc - new_lse)
+    take = torch.exp2(part_lse - new_lse)
+    total = keep + take
+    out_acc.mul_((keep / total).unsqueeze(-1))
+    out_acc.add_(part_out.float() * (take / total).unsqueeze(-1))
+    lse_acc.copy_(torch.where(new_lse <= -1e30, new_lse, new_lse + torch.log2(total)))
+'''
+
+HELPER_SLICED_PREFILL = '''
+def _patch_dsv4_wide_swa_sliced_prefill(
+    *,
+    query,
+    swa_kv_cache,
+    workspace_buffer,
+    sparse_indices,
+    compressed_kv_cache,
+    out,
+    bmm1_scale,
+    sinks,
+    swa_topk_lens,
+    extra_sparse_indices,
+    extra_sparse_topk_lens,
+):
+    """SM120 dual-cache prefill with window rows wider than 128, as 128-wide slices.
+
+    Written by patch-dsv4 (wide-swa). Slice s takes window columns
+    [128 s, 128 s + 128), each slice contiguous, with lengths
+    clamp(len - 128 s, 0, 128); slice 0 alone carries the compressed segment
+    and the sink, so each is counted once. The partial results are merged by
+    their base-2 LSE, in float32, 2048 tokens at a time to bound the extra
+    memory. Writes ``out`` and returns the merged LSE, [tokens, heads].
+    """
+    run, segment = _patch_dsv4_wide_swa_flashinfer_api()
+    num_tokens = query.shape[0]
+    indices = sparse_indices.reshape(num_tokens, -1)
+    num_slices = (indices.shape[-1] + 127) // 128
+    if indices.shape[-1] % 128:
+        indices = torch.nn.functional.pad(
+            indices, (0, num_slices * 128 - indices.shape[-1]), value=-1
+        )
+    extra_indices = extra_sparse_indices.reshape(num_tokens, -1)
+    query4 = query if query.dim() == 4 else query.unsqueeze(1)
+    out4 = out if out.dim() == 4 else out.unsqueeze(1)
+    merged_lse = torch.empty(
+        (num_tokens, query4.shape[-2]), dtype=torch.float32, device=query.device
+    )
+    for start in range(0, num_tokens, 2048):
+        stop = min(start + 2048, num_tokens)
+        part_out = torch.empty_like(out4[start:stop])
+        part_lse = torch.empty_like(merged_lse[start:stop])
+        out_acc = lse_acc = None
+        for s in range(num_slices):
+            segments = [
+                segment(
+                    indices=indices[start:stop, 128 * s : 128 * (s + 1)].contiguous(),
+                    lengths=(swa_topk_lens[start:stop] - 128 * s).clamp(0, 128),
+                )
+            ]
+            if s == 0:
+                segments.append(
+                    segment(
+                        indices=extra_indices[start:stop],
+                        lengths=extra_sparse_topk_lens[start:stop],
+                        kv_cache=compressed_kv_cache,
+                    )
+                )
+            run(
+                query=query4[start:stop],
+                kv_cache=swa_kv_cache,
+                workspace_buffer=workspace_buffer,
+                sparse_mla_segments=segments,
+                out=part_out,
+                sm_scale=float(bmm1_scale),
+                sinks=sinks if s == 0 else None,
+                lse=part_lse,
+                return_lse=True,
+                kv_scale_format="auto",
+            )
+            if s == 0:
+                out_acc = part_out[:, 0].to(torch.float32, copy=True)
+                lse_acc = part_lse.clamp_min(-1e30)
+            else:
+                _patch_dsv4_wide_swa_merge(out_acc, lse_acc, part_out[:, 0], part_lse)
+        out4[start:stop, 0].copy_(out_acc)
+        merged_lse[start:stop] = lse_acc
+    return merged_lse
+'''
+
+HELPERS = (HELPER_TAKES_SLICED_PATH, HELPER_FLASHINFER_API, HELPER_MERGE, HELPER_SLICED_PREFILL)
+
+
+def _narrow_prefill_rows(ctx: Context) -> bool:
+    """Whether this vLLM keeps prefill window rows window_size (128) wide.
+
+    The vision variant's builder sets ``prefill_index_width`` (0.30.0 on);
+    without it the rows never outgrow the dual-cache kernel. A tree without
+    the builder's file says nothing either way.
+    """
+    text = ctx.read(SPARSE_SWA)
+    if text is None:
+        return False
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return False
+    return not any(
+        isinstance(target, ast.Attribute) and target.attr == "prefill_index_width"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Assign)
+        for target in node.targets
+    )
+
+
+def flashinfer_row_limit(ctx: Context) -> tuple[bool, str]:
+    """(whether FlashInfer's SM120 dual-cache prefill takes 128-wide window rows only, evidence).
+
+    An installed FlashInfer is judged by the kernel source its wheel ships for
+    JIT builds, a pinned one (or an installed one without that source) by its
+    release.
+    """
+    version = ctx.flashinfer_version
+    if ctx.flashinfer_source == "installed":
+        where = f"installed FlashInfer {version}"
+        cu = ctx.read_flashinfer(FLASHINFER_PREFILL_CU)
+        if cu is not None:
+            found = _DUAL_DISPATCH.search(cu)
+            if found is not None:
+                body = cu[found.end() : cu.find("\n}\n", found.end())]
+                limit = _ROW_LIMIT.search(body)
+                if limit is not None:
+                    return True, f"{where}: {FLASHINFER_PREFILL_CU} dispatch_dsv4_dual has `{limit[0]}`"
+                return False, f"{where}: {FLASHINFER_PREFILL_CU} dispatch_dsv4_dual takes the row width at run time"
+        elif ctx.read_flashinfer(FLASHINFER_PREFILL_DISPATCH_07) is not None:
+            return False, f"{where}: SM120 prefill is planned at run time ({FLASHINFER_PREFILL_DISPATCH_07})"
+    elif ctx.flashinfer_source == "pinned":
+        where = f"FlashInfer {version}, pinned by vLLM {ctx.vllm_version}"
+    else:
+        return True, "no FlashInfer installed or pinned: the injected code checks the one it finds at run time"
+    try:
+        fixed = version is not None and Version(version) >= FIXED_IN_FLASHINFER
+    except InvalidVersion:
+        fixed = False
+    if fixed:
+        return False, f"{where}: release {FIXED_IN_FLASHINFER} and later take wide dual-cache rows"
+    return True, f"{where}: releases before {FIXED_IN_FLASHINFER} take 128-wide dual-cache rows only"
+
+
+def _probe(ctx: Context, text: str | None) -> Outcome | None:
+    if text is not None and "_patch_dsv4_wide_swa_" in text:
+        return None  # ours is in place: the anchors tell applied from modified
+    if _narrow_prefill_rows(ctx):
+        return Outcome.not_applicable(
+            f"prefill window rows stay window_size (128) wide in this release: {SPARSE_SWA} has no prefill_index_width"
+        )
+    limited, evidence = flashinfer_row_limit(ctx)
+    if not limited:
+        return Outcome.upstream(f"fixed in FlashInfer {FIXED_IN_FLASHINFER}: {evidence}")
+    return None
+
+
+class WideSwa(Patch):
+    __doc__ = __doc__
+    id = "wide-swa"
+    title = "SM120 prefill runs window rows wider than 128 as 128-wide slices merged by base-2 LSE"
+
+    def edits(self, ctx: Context) -> list[ReplaceStatements]:
+        return [
+            ReplaceStatements(
+                label="slice wide SM120 dual-cache prefill rows",
+                file=FLASHINFER_SPARSE,
+                scope=SCOPE,
+                anchor=ANCHOR,
+                replacement=REPLACEMENT,
+                helpers=HELPERS,
+                probe=_probe,
+            )
+        ]
+
+
+_CALL = ANCHOR.strip()
+
+
+def _indent(code: str, spaces: int) -> str:
+    return "\n".join(" " * spaces + line if line else line for line in code.strip("\n").splitlines()) + "\n"
+
+
+_BEFORE = f'''
+import torch
+
+from vllm.utils.flashinfer import flashinfer_trtllm_batch_decode_sparse_mla_dsv4
+
+
+class DeepseekV4FlashInferMLAAttention:
+    def _forward_prefill(self, q, output):
+        # a look-alike in the SM100 class
+{_indent(_CALL, 8)}
+
+class DeepseekV4FlashInferSM120Attention:
+    def _forward_decode(self, q, output):
+        # a look-alike in the decode method
+{_indent(_CALL, 8)}
+    def _forward_prefill(self, q, output, chunks):
+        for query_start, query_end in chunks:
+            q_chunk = q[query_start:query_end]
+            # the SM120 prefill call
+{_indent(_CALL, 12)}'''.lstrip("\n")
+
+_CALL_SITE = "            # the SM120 prefill call\n" + _indent(_CALL, 12)
+
+
+def _at_call_site(code: str) -> str:
+    """``_BEFORE`` with ``code`` in place of the SM120 prefill call."""
+    return _BEFORE.replace(_CALL_SITE, "            # the SM120 prefill call\n" + code)
+
+
+_HELPERS_TEXT = "".join(h.strip("\n") + "\n\n\n" for h in HELPERS)
+_SM120_CLASS_LINE = "class DeepseekV4FlashInferSM120Attention:"
+_AFTER = _at_call_site(_indent(REPLACEMENT, 12)).replace(
+    "\n\n" + _SM120_CLASS_LINE, "\n\n" + _HELPERS_TEXT + _SM120_CLASS_LINE
+)
+
+EXAMPLES = (
+    Example("wide-rows-flashinfer-0.6", FLASHINFER_SPARSE, _BEFORE, _AFTER, flashinfer_version="0.6.18.post1"),
+    Example(
+        "reformatted-anchor",
+        FLASHINFER_SPARSE,
+        _at_call_site(
+            "            flashinfer_trtllm_batch_decode_sparse_mla_dsv4(query=q_chunk, swa_kv_cache=swa_kv_paged,\n"
+            "                workspace_buffer=self._get_workspace(q.device), sparse_indices=swa_indices_chunk,\n"
+            "                compressed_kv_cache=extra_kv_paged, out=output[query_start:query_end],  # comment\n"
+            "                bmm1_scale=self.scale, sinks=self.attn_sink, kv_layout='NHD',\n"
+            "                swa_topk_lens=swa_lens_chunk, extra_sparse_indices=extra_sparse_indices_chunk,\n"
+            "                extra_sparse_topk_lens=(extra_sparse_lengths_chunk))\n"
+        ),
+        _AFTER,
+        flashinfer_version="0.6.18.post1",
+    ),
+    Example(
+        "flashinfer-0.7-takes-wide-rows",
+        FLASHINFER_SPARSE,
+        _BEFORE,
+        None,
+        Verdict.UPSTREAM,
+        flashinfer_version="0.7.0.post1",
+    ),
+    Example(
+        "changed-call-drifts",
+        FLASHINFER_SPARSE,
+        _at_call_site(_indent(_CALL.replace('kv_layout="NHD"', 'kv_layout="HND"'), 12)),
+        None,
+        Verdict.DRIFTED,
+        flashinfer_version="0.6.18.post1",
+    ),
+    Example(
+        "look-alikes-only-drift",
+        FLASHINFER_SPARSE,
+        _at_call_site("            pass\n"),
+        None,
+        Verdict.DRIFTED,
+        flashinfer_version="0.6.18.post1",
+    ),
+)
