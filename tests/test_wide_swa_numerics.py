@@ -1,0 +1,169 @@
+"""wide-swa numerics on CPU torch: the injected slicing code, taken from a patched
+0.30.0 file, against one softmax over the whole row (window, compressed entries,
+sink), with FlashInfer played by the torch reference kernel."""
+
+from __future__ import annotations
+
+import ast
+import math
+
+import pytest
+
+from patches.wide_swa import FLASHINFER_SPARSE
+
+torch = pytest.importorskip("torch")
+import tests.sparse_mla_reference as reference  # noqa: E402  (needs torch)
+
+PREFIX = "_patch_dsv4_wide_swa_"
+
+@pytest.fixture(scope="module")
+def patched_text(tmp_path_factory):
+    from tests.conftest import run_cli
+    from tests.releases import copy_tree, pristine_tree
+
+    tree = copy_tree(pristine_tree("0.30.0"), tmp_path_factory.mktemp("wide") / "sp")
+    assert run_cli("apply", "--site-packages", tree, "--only", "wide-swa").code == 0
+    return (tree / FLASHINFER_SPARSE).read_text()
+
+
+def _injected(patched_text: str, natural_log: bool = False) -> dict:
+    """The ``_patch_dsv4_wide_swa_*`` functions as the patched file has them, run with torch.
+
+    ``natural_log`` swaps the merge's base-2 exp/log for natural ones: the wrong merge.
+    """
+    tree = ast.parse(patched_text)
+    namespace: dict = {"torch": torch}
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name.startswith(PREFIX):
+            source = ast.get_source_segment(patched_text, node)
+            if natural_log:
+                source = source.replace("torch.exp2", "torch.exp").replace("torch.log2", "torch.log")
+            exec(compile(source, FLASHINFER_SPARSE, "exec"), namespace)
+    namespace[f"{PREFIX}flashinfer_api"] = lambda: (reference.sparse_mla_sm120, reference.SparseMLASegment)
+    return namespace
+
+
+def _case(seed: int, tokens: int, width: int, sink: bool, three_d: bool, heads=8, dim=64, compressed=96):
+    g = torch.Generator().manual_seed(seed)
+    page = 16
+    swa = torch.randn(64, page, 1, dim, generator=g)
+    comp = torch.randn(32, page, 1, dim, generator=g)
+    q = torch.randn(tokens, heads, dim, generator=g)
+    lens = torch.randint(0, width + 1, (tokens,), generator=g, dtype=torch.int32)
+    lens[: min(tokens, 6)] = torch.tensor([0, width, 1, 128, 129, 257][: min(tokens, 6)], dtype=torch.int32)
+    idx = torch.randint(0, 64 * page, (tokens, width), generator=g, dtype=torch.int32)
+    idx = torch.where(torch.arange(width)[None] < lens[:, None], idx, torch.full_like(idx, -1))
+    cidx = torch.randint(0, 32 * page, (tokens, compressed), generator=g, dtype=torch.int32)
+    clens = torch.randint(0, compressed + 1, (tokens,), generator=g, dtype=torch.int32)
+    empty = torch.rand(tokens, generator=g) < 0.1
+    empty[0] = True  # no window, no compressed entry
+    lens[empty], clens[empty] = 0, 0
+    only_compressed = torch.rand(tokens, generator=g) < 0.1
+    only_compressed[-1] = True
+    lens[only_compressed] = 0
+    clens[only_compressed] = clens[only_compressed].clamp_min(1)
+    idx = torch.where(torch.arange(width)[None] < lens[:, None], idx, torch.full_like(idx, -1))
+    return {
+        "query": q,
+        "swa_kv_cache": swa,
+        "workspace_buffer": None,
+        "sparse_indices": idx.view(tokens, 1, width) if three_d else idx,
+        "compressed_kv_cache": comp,
+        "bmm1_scale": 2.5 / math.sqrt(dim),  # sharp softmax: a wrong weight shows
+        "sinks": torch.randn(heads, generator=g) * 2 if sink else None,
+        "swa_topk_lens": lens,
+        "extra_sparse_indices": cidx,
+        "extra_sparse_topk_lens": clens,
+    }
+
+
+def _one_softmax(inputs, compute_dtype=torch.float32):
+    tokens, heads, dim = inputs["query"].shape
+    out = torch.empty(tokens, 1, heads, dim)
+    _, lse = reference.sparse_mla_sm120(
+        query=inputs["query"].unsqueeze(1),
+        kv_cache=inputs["swa_kv_cache"],
+        workspace_buffer=None,
+        sparse_mla_segments=[
+            reference.SparseMLASegment(inputs["sparse_indices"], inputs["swa_topk_lens"]),
+            reference.SparseMLASegment(
+                inputs["extra_sparse_indices"], inputs["extra_sparse_topk_lens"], inputs["compressed_kv_cache"]
+            ),
+        ],
+        out=out,
+        sm_scale=inputs["bmm1_scale"],
+        sinks=inputs["sinks"],
+        lse=None,
+        return_lse=True,
+        compute_dtype=compute_dtype,
+    )
+    return out[:, 0], lse
+
+
+def _sliced(namespace, inputs):
+    out = torch.full_like(inputs["query"], float("nan"))
+    lse = namespace[f"{PREFIX}sliced_prefill"](out=out, **inputs)
+    return out, lse
+
+
+def _excess(out, ref) -> float:
+    """Largest per-(token, head) error over its tolerance, 1e-5 * max(1, max |ref|)."""
+    tol = 1e-5 * ref.abs().amax(dim=-1).clamp_min(1.0)
+    return ((out - ref).abs().amax(dim=-1) / tol).max().item()
+
+
+def _case_id(seed, tokens, width, sink, three_d) -> str:
+    return f"s{seed}-T{tokens}-W{width}-{'sink' if sink else 'nosink'}-{'3d' if three_d else '2d'}"
+
+
+CASES = [
+    pytest.param(seed, tokens, width, sink, three_d, id=_case_id(seed, tokens, width, sink, three_d))
+    for seed, (tokens, width, sink, three_d) in enumerate(
+        [
+            (97, 512, True, True),
+            (97, 512, False, True),
+            (130, 512, True, False),
+            (130, 512, False, False),
+            (65, 384, True, True),
+            (200, 320, False, False),  # not a multiple of 128: the last slice is padded
+            (3, 512, True, False),
+            (2100, 512, True, True),  # more than one 2048-token piece
+        ]
+    )
+]
+
+
+@pytest.mark.parametrize("seed,tokens,width,sink,three_d", CASES)
+def test_sliced_equals_one_softmax_over_the_row(seed, tokens, width, sink, three_d, patched_text):
+    namespace = _injected(patched_text)
+    inputs = _case(seed, tokens, width, sink, three_d, heads=8 if tokens < 1000 else 4, dim=64 if tokens < 1000 else 32)
+    ref_out, ref_lse = _one_softmax(inputs)
+    out, lse = _sliced(namespace, inputs)
+    assert not torch.isnan(out).any()
+    assert _excess(out, ref_out) <= 1.0
+    # The merged LSE is the kernel's: base 2, the sink in it, -1e30 or the sink on empty rows.
+    assert torch.allclose(lse, ref_lse, rtol=1e-5, atol=1e-4)
+    empty = (inputs["swa_topk_lens"] == 0) & (inputs["extra_sparse_topk_lens"] == 0)
+    assert torch.all(out[empty] == 0)
+    if sink:
+        assert torch.allclose(lse[empty], (inputs["sinks"] * math.log2(math.e)).expand(tokens, -1)[empty])
+    else:
+        assert torch.all(lse[empty] == -1e30)
+
+
+def test_sliced_is_float32_exact_against_float64(patched_text):
+    namespace = _injected(patched_text)
+    inputs = _case(11, 130, 512, True, True)
+    exact, _ = _one_softmax(inputs, compute_dtype=torch.float64)
+    out, _ = _sliced(namespace, inputs)
+    assert _excess(out.double(), exact) <= 1.0
+
+
+@pytest.mark.parametrize("sink", [True, False], ids=["sink", "nosink"])
+def test_natural_log_merge_exceeds_the_tolerance(sink, patched_text):
+    """The same slices merged with exp/log instead of exp2/log2: the error the base-2 LSE avoids."""
+    namespace = _injected(patched_text, natural_log=True)
+    inputs = _case(5, 130, 512, sink, False)
+    ref_out, _ = _one_softmax(inputs)
+    out, _ = _sliced(namespace, inputs)
+    assert _excess(out, ref_out) > 1000.0
