@@ -138,6 +138,99 @@ def revert(
     _finish(engine.revert(_environment(site_packages, python), lock_timeout=lock_timeout), fmt)
 
 
+# -- drift and anchors: judge a release without installing it (patcher/drift.py) ----
+CacheDir = typer.Option(None, "--cache-dir", help="Where fetched wheels are kept (default ~/.cache/patch-dsv4/wheels).")
+PipOption = typer.Option(None, "--pip-option", help="Pass this option to pip download (repeatable), e.g. --pip-option=--pre.")
+
+
+def _release_target(vllm_version, wheel, source, flashinfer_version, cache_dir, pip_options):
+    from patcher import release_target as rt
+
+    if wheel is not None and (source is not None or vllm_version is not None):
+        raise PatcherError("--wheel takes no --source or --vllm-version", "the wheel names its release", "pass one of them")
+    if wheel is not None:
+        return rt.open_wheel(wheel, flashinfer_version)
+    if source is not None:
+        return rt.open_source(source, vllm_version, flashinfer_version)
+    if vllm_version is None:
+        raise PatcherError("no release to judge", "", "pass --vllm-version X, --wheel FILE or --source DIR")
+    path, how = rt.fetch_wheel(vllm_version, cache_dir, pip_options or ())
+    target = rt.open_wheel(path, flashinfer_version)
+    target.notes.insert(0, f"wheel {path.name} {how}")
+    return target
+
+
+@app.command()
+def drift(
+    vllm_version: Optional[str] = typer.Option(
+        None, "--vllm-version", help="Fetch this release's wheel with pip (with --source: that tree's version)."
+    ),
+    wheel: Optional[Path] = typer.Option(None, "--wheel", help="Judge this vLLM wheel file."),
+    source: Optional[Path] = typer.Option(None, "--source", help="Judge this source tree (the directory holding vllm/)."),
+    flashinfer_version: Optional[str] = typer.Option(
+        None, "--flashinfer-version", help="Judge with this FlashInfer release instead of the one vLLM pins."
+    ),
+    strict: bool = typer.Option(False, "--strict", help="Also exit 1 on a new (unrecorded) fingerprint."),
+    cache_dir: Optional[Path] = CacheDir,
+    pip_options: Optional[List[str]] = PipOption,
+    fmt: str = Format,
+    as_json: bool = JsonFlag,
+) -> None:
+    """Judge a vLLM release without installing it: per patch, its verdict and its anchors' fingerprints."""
+    from patcher.drift import drift as judge_drift
+    from patcher.drift_render import render
+
+    fmt = _format(fmt, as_json)
+    with _release_target(vllm_version, wheel, source, flashinfer_version, cache_dir, pip_options) as target:
+        report = judge_drift(target, strict=strict)
+    render(report, fmt)
+    raise typer.Exit(report.exit_code)
+
+
+anchors_app = typer.Typer(help="The recorded anchors of known vLLM releases (anchors/*.json).", no_args_is_help=True)
+app.add_typer(anchors_app, name="anchors")
+
+
+@anchors_app.command("record")
+def anchors_record(
+    vllm_versions: Optional[List[str]] = typer.Option(None, "--vllm-version", help="Record this release (repeatable)."),
+    record_all: bool = typer.Option(False, "--all", help="Re-record every release anchors/ already holds."),
+    cache_dir: Optional[Path] = CacheDir,
+    pip_options: Optional[List[str]] = PipOption,
+    out: Optional[Path] = typer.Option(None, "--out", help="Write here instead of the anchors/ package directory."),
+    check: bool = typer.Option(False, "--check", help="Write nothing; exit 1 if a record differs from a fresh one."),
+) -> None:
+    """Maintainers: record each release's verdicts, fingerprints and file hashes from its real wheel."""
+    from patcher import anchors_store
+    from patcher.drift import record
+    from patcher.release_target import fetch_wheel, open_wheel
+
+    versions = list(vllm_versions or [])
+    if record_all:
+        versions += [v for v in anchors_store.recorded_versions(out) if v not in versions]
+    if not versions:
+        raise PatcherError("no release to record", "", "pass --vllm-version X (repeatable) or --all")
+    stale = []
+    for version in versions:
+        path, _how = fetch_wheel(version, cache_dir, pip_options or ())
+        with open_wheel(path) as target:
+            if target.vllm_version != version:
+                raise PatcherError(f"{path.name} is vLLM {target.vllm_version}, not {version}", "", "clear the cache")
+            fresh = record(target, wheel_name=path.name)
+        current = anchors_store.load(version, out)
+        same = current is not None and anchors_store.dumps(current) == anchors_store.dumps(fresh)
+        if check:
+            if not same:
+                stale.append(version)
+            sys.stdout.write(f"vLLM {version}: {'up to date' if same else 'differs from a fresh record'}\n")
+            continue
+        written = anchors_store.write(fresh, out)
+        sys.stdout.write(f"vLLM {version}: {'unchanged' if same else 'recorded'} {written}\n")
+    if stale:
+        sys.stdout.write(f"anchors record --check: {len(stale)} stale; re-record: {anchors_store.RECORD_COMMAND}\n")
+        raise typer.Exit(1)
+
+
 def _version_callback(value: bool) -> None:
     if value:
         sys.stdout.write(f"patch-dsv4 {__version__}\n")

@@ -1,0 +1,244 @@
+"""Judge a vLLM release before installing it: which patches it needs, which upstream fixed, which drifted.
+
+The judgement is the engine's own (:func:`patcher.engine.judge` over a
+:class:`patcher.patch.Context`), so ``drift`` on a wheel gives the verdicts
+``status`` gives on the installed release. On top of the verdicts, each
+anchor's enclosing function is fingerprinted (formatting-blind, see
+:mod:`patcher.fingerprint`) and compared with the fingerprints recorded in
+anchors/ for the known releases:
+
+- ``recorded``: seen in a known release;
+- ``new``: the anchor still matches (or the patch is upstream / not applicable)
+  but the function around it changed: review the patch against it;
+- ``drifted``: the edit's anchor no longer matches;
+- ``absent``: the function does not exist in this release (and the edit is not drifted).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+from patcher import anchors_store
+from patcher.anchors_store import BuildMatch
+from patcher.errors import EXIT_NEEDS_ACTION, EXIT_OK
+from patcher.fingerprint import scope_fingerprint
+from patcher.patch import Context, Patch
+from patcher.release_target import ReleaseTarget
+from patcher.verdicts import EditReport, PatchReport, Report, Verdict, combine
+
+RECORDED, NEW, DRIFTED, ABSENT = "recorded", "new", "drifted", "absent"
+
+
+@dataclass(frozen=True)
+class AnchorPrint:
+    """The fingerprint of one edit's enclosing function in the judged release."""
+
+    label: str
+    file: str
+    scope: str
+    verdict: Verdict  # the edit's own verdict
+    fingerprint: str | None
+    status: str  # recorded | new | drifted | absent
+    recorded_in: tuple[str, ...] = ()
+
+    def to_json(self) -> dict:
+        return {
+            "label": self.label,
+            "file": self.file,
+            "scope": self.scope,
+            "verdict": self.verdict.value,
+            "fingerprint": self.fingerprint,
+            "status": self.status,
+            "recorded_in": list(self.recorded_in),
+        }
+
+
+@dataclass(frozen=True)
+class DriftReport:
+    report: Report  # verdicts, summary and exit status, as for status
+    release: str  # what was judged, in words
+    anchors: dict[str, tuple[AnchorPrint, ...]]  # patch id -> its edits' fingerprints
+    build: BuildMatch
+    choices: tuple[str, ...]  # how the versions were chosen
+    files_read: tuple[str, ...]
+    strict: bool
+    changed_since_recording: tuple[str, ...] = field(default_factory=tuple)
+    flashinfer_given: bool = False  # --flashinfer-version replaced the release's own
+
+    @property
+    def exit_code(self) -> int:
+        return self.report.exit_code
+
+    def to_json(self) -> dict:
+        data = self.report.to_json()
+        for patch in data["patches"]:
+            patch["anchors"] = [a.to_json() for a in self.anchors.get(patch["id"], ())]
+        data.update(
+            {
+                "release": self.release,
+                "choices": list(self.choices),
+                "known_build": {"known": self.build.known, "detail": self.build.detail},
+                "flashinfer_given": self.flashinfer_given,
+                "files_read": list(self.files_read),
+                "strict": self.strict,
+            }
+        )
+        return data
+
+
+@dataclass
+class _Judged:
+    patches: list[Patch]
+    ctx: Context
+    reports: tuple[PatchReport, ...]
+    pairs: dict[str, list]  # patch id -> [(edit, outcome)]
+    originals: dict[str, str | None]
+
+
+def _judge(target: ReleaseTarget, patches: list[Patch] | None = None) -> _Judged:
+    from patcher.engine import judge
+    from patcher.registry import discover_patches
+
+    patches = discover_patches() if patches is None else patches
+    ctx = target.context()
+    judgement = judge(ctx, patches)
+    reports = []
+    for patch in patches:
+        pairs = judgement.outcomes[patch.id]
+        edits = tuple(
+            EditReport(edit.label, edit.file, o.verdict, o.detail, o.expected, o.found) for edit, o in pairs
+        )
+        verdict = combine([e.verdict for e in edits])
+        focus = [e for e in edits if e.verdict is verdict]
+        detail = "; ".join(dict.fromkeys(e.detail for e in focus)) if focus else "no edits"
+        reports.append(PatchReport(patch.id, patch.title, verdict, judgement.patch_files(patch.id), detail, edits))
+    return _Judged(patches, ctx, tuple(reports), judgement.outcomes, judgement.originals)
+
+
+def _fingerprints(judged: _Judged, patch_id: str) -> list[tuple[object, object, str | None]]:
+    """(edit, outcome, fingerprint of its enclosing function in the release) for each scoped edit."""
+    out = []
+    for edit, outcome in judged.pairs[patch_id]:
+        scope = getattr(edit, "scope", None)
+        if scope is None:
+            continue
+        text = judged.originals.get(edit.file)
+        fp = None if text is None else scope_fingerprint(text, scope.cls, scope.func)
+        out.append((edit, outcome, fp))
+    return out
+
+
+def drift(target: ReleaseTarget, strict: bool = False, anchors_dir=None) -> DriftReport:
+    """Judge ``target`` and compare each anchor's enclosing function with the recorded ones."""
+    judged = _judge(target)
+    records = anchors_store.load_all(anchors_dir)
+    known = anchors_store.known_fingerprints(records)
+    prints: dict[str, tuple[AnchorPrint, ...]] = {}
+    for report in judged.reports:
+        rows = []
+        for edit, outcome, fp in _fingerprints(judged, report.id):
+            scope = str(edit.scope)
+            recorded_in = tuple(known.get((edit.file, scope), {}).get(fp, ())) if fp else ()
+            if outcome.verdict is Verdict.DRIFTED:
+                status = DRIFTED
+            elif fp is None:
+                status = ABSENT
+            elif recorded_in:
+                status = RECORDED
+            else:
+                status = NEW
+            rows.append(AnchorPrint(edit.label, edit.file, scope, outcome.verdict, fp, status, recorded_in))
+        prints[report.id] = tuple(rows)
+
+    files_read = tuple(judged.ctx.files_read())
+    hashes = {rel: _sha256(target, rel) for rel in files_read}
+    build = anchors_store.known_release(
+        target.vllm_version, lambda rel: hashes[rel] if rel in hashes else _sha256(target, rel), anchors_dir
+    )
+
+    notes = list(target.notes)
+    notes.append(build.detail)
+    changed = []
+    record = records.get(target.vllm_version)
+    if build.known and record is not None:
+        for report in judged.reports:
+            was = record["patches"].get(report.id, {}).get("verdict")
+            if was != report.verdict.value:
+                changed.append(report.id)
+                notes.append(
+                    f"{report.id}: {report.verdict.value} now, {was or 'no record'} when anchors/ was recorded "
+                    f"for this release (re-record: {anchors_store.RECORD_COMMAND})"
+                )
+
+    all_prints = [a for rows in prints.values() for a in rows]
+    drifted = [r for r in judged.reports if r.verdict is Verdict.DRIFTED]
+    new = [a for a in all_prints if a.status == NEW]
+    exit_code = EXIT_NEEDS_ACTION if drifted or (strict and new) else EXIT_OK
+    counts: dict[str, int] = {}
+    for r in judged.reports:
+        counts[r.verdict.value] = counts.get(r.verdict.value, 0) + 1
+    fp_counts: dict[str, int] = {}
+    for a in all_prints:
+        fp_counts[a.status] = fp_counts.get(a.status, 0) + 1
+    summary = (
+        f"drift: vLLM {target.vllm_version}: "
+        + (", ".join(f"{n} {v}" for v, n in counts.items()) or "no patches")
+        + "; fingerprints: "
+        + (", ".join(f"{n} {s}" for s, n in fp_counts.items()) or "none")
+        + ("; known build" if build.known else "; unknown build")
+    )
+    if drifted:
+        summary += f"; FAILED: {', '.join(r.id for r in drifted)} drifted"
+    elif strict and new:
+        summary += "; FAILED (--strict): new fingerprints to review"
+    report = Report(
+        command="drift",
+        target=target.description,
+        vllm_version=target.vllm_version,
+        flashinfer_version=target.flashinfer_version,
+        flashinfer_source=target.flashinfer_source,
+        patches=judged.reports,
+        state="n/a",
+        exit_code=exit_code,
+        summary=summary,
+        notes=tuple(notes),
+    )
+    return DriftReport(
+        report=report,
+        release=target.description,
+        anchors=prints,
+        build=build,
+        choices=tuple(target.notes),
+        files_read=files_read,
+        strict=strict,
+        changed_since_recording=tuple(changed),
+        flashinfer_given=target.flashinfer_given,
+    )
+
+
+def _sha256(target: ReleaseTarget, relpath: str) -> str | None:
+    data = target.read_bytes(relpath)
+    return None if data is None else hashlib.sha256(data).hexdigest()
+
+
+def record(target: ReleaseTarget, wheel_name: str | None = None) -> dict:
+    """The anchors/ record of a release: verdicts, fingerprints, and the hash of every file read."""
+    judged = _judge(target)
+    patches = {}
+    for report in judged.reports:
+        patches[report.id] = {
+            "verdict": report.verdict.value,
+            "anchors": [
+                {"label": edit.label, "file": edit.file, "scope": str(edit.scope), "verdict": outcome.verdict.value, "fingerprint": fp}
+                for edit, outcome, fp in _fingerprints(judged, report.id)
+            ],
+        }
+    return {
+        "schema": anchors_store.SCHEMA_VERSION,
+        "vllm_version": target.vllm_version,
+        "flashinfer": {"version": target.flashinfer_version, "source": target.flashinfer_source},
+        "wheel": wheel_name,
+        "files": {rel: _sha256(target, rel) for rel in judged.ctx.files_read()},
+        "patches": patches,
+    }
