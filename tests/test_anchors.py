@@ -1,0 +1,82 @@
+"""anchors/: the committed records agree with a fresh computation from the real wheels; status's known-build check."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+
+from patcher import anchors_store
+from patcher.anchors_store import known_release, recorded_files
+from patcher.drift import record
+from patcher.release_target import open_wheel
+from tests.conftest import RELEASE_PARAMS
+from tests.releases import DSV4, RELEASES, cache_dir, hand_edit, wheel
+
+WHEELS = str(cache_dir() / "wheels")
+RERECORD = f"{anchors_store.RECORD_COMMAND} --cache-dir {WHEELS}"
+
+
+def test_every_release_is_recorded():
+    assert anchors_store.recorded_versions() == list(RELEASES), f"re-record with: {RERECORD}"
+
+
+@pytest.mark.parametrize("version", RELEASE_PARAMS)
+def test_recorded_anchors_agree_with_the_wheel(version):
+    path = anchors_store.anchors_path(version)
+    committed = path.read_text(encoding="utf-8") if path.exists() else "(missing)"
+    with open_wheel(wheel("vllm", version)) as target:
+        fresh = anchors_store.dumps(record(target, wheel_name=wheel("vllm", version).name))
+    assert committed == fresh, (
+        f"anchors/vllm-{version}.json differs from a fresh record of the wheel (a patch or the engine changed "
+        f"what it records). If the change is intended, re-record with: {RERECORD}"
+    )
+
+
+def test_record_is_deterministic_json():
+    text = anchors_store.anchors_path("0.30.0").read_text()
+    assert anchors_store.dumps(json.loads(text)) == text
+
+
+def test_record_and_check_commands(tmp_path, cli):
+    out = tmp_path / "anchors"
+    result = cli("anchors", "record", "--vllm-version", "0.30.0", "--cache-dir", WHEELS, "--out", out)
+    assert result.code == 0, result.stderr
+    assert (out / "vllm-0.30.0.json").read_text() == anchors_store.anchors_path("0.30.0").read_text()
+    check = cli("anchors", "record", "--all", "--check", "--cache-dir", WHEELS, "--out", out)
+    assert check.code == 0 and "up to date" in check.stdout
+    data = json.loads((out / "vllm-0.30.0.json").read_text())
+    data["files"][next(iter(data["files"]))] = "0" * 64
+    (out / "vllm-0.30.0.json").write_text(anchors_store.dumps(data))
+    stale = cli("anchors", "record", "--all", "--check", "--cache-dir", WHEELS, "--out", out)
+    assert stale.code == 1 and anchors_store.RECORD_COMMAND in stale.stdout
+    nothing = cli("anchors", "record", "--out", tmp_path / "empty")
+    assert nothing.code == 2 and "--vllm-version" in nothing.stderr
+
+
+@pytest.mark.parametrize("version", RELEASE_PARAMS)
+def test_known_release_tells_known_from_unknown(version, make_tree):
+    tree = make_tree(version)
+
+    def sha(rel):
+        path = tree / rel
+        return hashlib.sha256(path.read_bytes()).hexdigest() if path.exists() else None
+
+    match = known_release(version, sha)
+    assert match.known and bool(match), match.detail
+    assert known_release(version, {rel: sha(rel) for rel in recorded_files(version)})  # a mapping works too
+    assert not known_release("0.0.1", sha)
+    assert "no anchors recorded" in known_release("0.0.1", sha).detail
+
+    # Only DSV4 is a real copy in a test tree: elsewhere a write would reach the shared cache.
+    files = anchors_store.load(version)["files"]
+    target = next(rel for rel in sorted(files) if rel.startswith(DSV4 + "/"))
+    path = tree / target
+    assert not any(p.is_symlink() for p in (path, *path.parents))
+    if files[target] is None:  # absent from the release: a build that ships it is another build
+        path.write_text("# a file this release does not have\n")
+    else:
+        hand_edit(path, path.read_text() + "\n# a hand edit\n")
+    unknown = known_release(version, sha)
+    assert not unknown and unknown.mismatched == (target,) and target in unknown.detail

@@ -1,0 +1,243 @@
+"""drift on the real releases (wheel and source tree), on releases made to drift, and on unusable input.
+
+A "release made to drift" is a small wheel built from the real one: its
+dist-info and the files drift reads, with one source file changed the way a
+new vLLM release would change it.
+"""
+
+from __future__ import annotations
+
+import functools
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from patches.stream_load import VL_MODEL
+from tests.conftest import RELEASE_PARAMS
+from tests.releases import DSV4, cache_dir, pristine_tree, wheel
+
+WHEELS = str(cache_dir() / "wheels")
+
+
+def _status(tree, cli) -> dict:
+    result = cli("status", "--site-packages", tree, "--json")
+    assert result.code == 0, result.stderr
+    return result.json()
+
+
+def _drift(cli, *args) -> "CliResult":  # noqa: F821
+    return cli("drift", *args, "--json")
+
+
+def _verdicts(data: dict) -> dict[str, tuple[str, str]]:
+    return {p["id"]: (p["verdict"], p["detail"]) for p in data["patches"]}
+
+
+def _prints(data: dict) -> list[dict]:
+    return [a for p in data["patches"] for a in p["anchors"]]
+
+
+@pytest.mark.parametrize("version", RELEASE_PARAMS)
+def test_wheel_and_source_give_status_verdicts(version, make_tree, cli):
+    status = _status(make_tree(version), cli)
+    for args in (("--wheel", wheel("vllm", version)), ("--source", pristine_tree(version))):
+        result = _drift(cli, *args)
+        assert result.code == 0, result.stderr or result.stdout
+        data = result.json()
+        assert data["vllm_version"] == version
+        assert (data["flashinfer_version"], data["flashinfer_source"]) == (
+            status["flashinfer_version"],
+            status["flashinfer_source"],
+        )
+        assert _verdicts(data) == _verdicts(status), args[0]
+        assert data["known_build"]["known"], data["known_build"]
+        for anchor in _prints(data):
+            assert anchor["status"] in ("recorded", "absent"), anchor
+            if anchor["status"] == "recorded":
+                assert version in anchor["recorded_in"]
+
+
+def test_fetch_by_version_uses_the_cache(cli):
+    result = _drift(cli, "--vllm-version", "0.30.0", "--cache-dir", WHEELS)
+    assert result.code == 0, result.stderr
+    data = result.json()
+    assert data["vllm_version"] == "0.30.0"
+    assert any("cached in" in note for note in data["choices"])
+
+
+def test_reads_only_what_it_needs(cli):
+    data = _drift(cli, "--wheel", wheel("vllm", "0.31.0")).json()
+    assert 0 < len(data["files_read"]) < 40, data["files_read"]
+    assert all(rel.startswith("vllm/") for rel in data["files_read"])
+
+
+def test_checkout_without_dist_info(tmp_path, cli, make_tree):
+    """A source checkout: the version from vllm/_version.py, the FlashInfer pin from requirements/cuda.txt."""
+    version = "0.30.0"
+    checkout = tmp_path / "vllm-src"
+    checkout.mkdir()
+    (checkout / "vllm").symlink_to(pristine_tree(version) / "vllm", target_is_directory=True)
+    (checkout / "requirements").mkdir()
+    (checkout / "requirements" / "cuda.txt").write_text("torch==2.13.0\nflashinfer-python==0.6.18.post1\n")
+    data = _drift(cli, "--source", checkout).json()
+    assert data["vllm_version"] == version
+    assert (data["flashinfer_version"], data["flashinfer_source"]) == ("0.6.18.post1", "pinned")
+    assert any("vllm/_version.py" in c for c in data["choices"])
+    assert any("requirements/cuda.txt" in c for c in data["choices"])
+    assert _verdicts(data) == _verdicts(_status(make_tree(version), cli))
+
+    named = _drift(cli, "--source", checkout, "--vllm-version", "0.30.1").json()
+    assert named["vllm_version"] == "0.30.1"
+    assert any("--vllm-version" in c for c in named["choices"])
+    assert not named["known_build"]["known"]
+
+
+def test_flashinfer_version_overrides_the_pin(cli):
+    result = _drift(cli, "--wheel", wheel("vllm", "0.30.0"), "--flashinfer-version", "0.7.0.post1")
+    assert result.code == 0, result.stderr
+    data = result.json()
+    assert (data["flashinfer_version"], data["flashinfer_given"]) == ("0.7.0.post1", True)
+    assert any("--flashinfer-version" in c and "0.6.18.post1" in c for c in data["choices"])
+    verdicts = {p["id"]: p["verdict"] for p in data["patches"]}
+    if "wide-swa" in verdicts:  # FlashInfer 0.7.0.post1 takes the wide rows itself
+        assert verdicts["wide-swa"] == "upstream"
+
+
+# -- releases made to drift ------------------------------------------------------------
+@functools.lru_cache(maxsize=None)
+def files_read(version: str) -> frozenset[str]:
+    """The files drift reads from the real wheel of ``version``."""
+    from tests.conftest import run_cli
+
+    return frozenset(run_cli("drift", "--wheel", wheel("vllm", version), "--json").json()["files_read"])
+
+
+def mini_wheel(version: str, dest: Path, change=None) -> Path:
+    """The real wheel's dist-info, DeepSeek-V4 sources and every file drift reads; ``change(relpath, text)``."""
+    real = wheel("vllm", version)
+    read = files_read(version)
+    path = dest / real.name
+    with zipfile.ZipFile(real) as src, zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as out:
+        for name in src.namelist():
+            keep = ".dist-info/" in name or name in read or name.startswith(DSV4 + "/") or name == "vllm/__init__.py"
+            if not keep or name.endswith("/RECORD"):
+                continue
+            data = src.read(name)
+            if change is not None and name.endswith(".py"):
+                new = change(name, data.decode())
+                data = new.encode() if new is not None else data
+            out.writestr(name, data)
+    return path
+
+
+def _replace_once(relpath: str, old: str, new: str):
+    def change(name: str, text: str) -> str | None:
+        if name != relpath:
+            return None
+        assert text.count(old) == 1, f"{old!r} is not once in {name}"
+        return text.replace(old, new)
+
+    return change
+
+
+@pytest.mark.parametrize("version", ["0.30.0", "0.32.0"])
+def test_changed_anchor_is_drifted(version, tmp_path, cli):
+    whl = mini_wheel(version, tmp_path, _replace_once(VL_MODEL, "key=lambda x: x[0]", "key=lambda item: item[0]"))
+    result = _drift(cli, "--wheel", whl)
+    assert result.code == 1, result.stdout
+    assert result.stderr == ""
+    data = result.json()
+    (patch,) = [p for p in data["patches"] if p["id"] == "stream-load"]
+    assert patch["verdict"] == "drifted"
+    (edit,) = patch["edits"]
+    assert "iter(sorted(mapped, key=lambda x: x[0]))" in edit["expected"]
+    assert "lambda item: item[0]" in edit["found"]
+    assert [a["status"] for a in patch["anchors"]] == ["drifted"]
+    assert not data["known_build"]["known"]
+    assert "drifted" in data["summary"]
+    table = cli("drift", "--wheel", whl)
+    assert table.code == 1 and "expected:" in table.stdout and "found:" in table.stdout
+    markdown = cli("drift", "--wheel", whl, "--format", "markdown")
+    assert markdown.code == 1 and "```python" in markdown.stdout
+
+
+@pytest.mark.parametrize("version", ["0.30.0", "0.33.0"])
+def test_reformatted_release_is_not_drifted(version, tmp_path, cli, make_tree):
+    from tests.reformat import reformat_source
+
+    def change(name, text):  # black is slow: only the files drift reads
+        return reformat_source(text) if name in files_read(version) else None
+
+    pristine = _drift(cli, "--wheel", wheel("vllm", version)).json()
+    for args in (("--wheel", mini_wheel(version, tmp_path, change)), ("--source", make_tree(version, reformatted=True))):
+        result = _drift(cli, *args, "--strict")
+        assert result.code == 0, result.stdout
+        data = result.json()
+        assert _verdicts(data) == _verdicts(pristine)
+        assert [(a["fingerprint"], a["status"]) for a in _prints(data)] == [
+            (a["fingerprint"], a["status"]) for a in _prints(pristine)
+        ]
+        assert not data["known_build"]["known"]  # other bytes, same code
+
+
+def test_function_changed_elsewhere_is_new(tmp_path, cli):
+    change = _replace_once(
+        VL_MODEL,
+        "mapped = self.hf_to_vllm_mapper.apply(weights)",
+        "mapped = self.hf_to_vllm_mapper.apply(list(weights))",
+    )
+    whl = mini_wheel("0.30.0", tmp_path, change)
+    result = _drift(cli, "--wheel", whl)
+    assert result.code == 0, result.stdout
+    data = result.json()
+    (patch,) = [p for p in data["patches"] if p["id"] == "stream-load"]
+    assert patch["verdict"] == "pending"
+    ((anchor),) = patch["anchors"]
+    assert anchor["status"] == "new" and anchor["recorded_in"] == []
+    strict = _drift(cli, "--wheel", whl, "--strict")
+    assert strict.code == 1
+    assert "--strict" in strict.json()["summary"]
+
+
+# -- unusable input ------------------------------------------------------------------
+def _one_line_error(result, *words):
+    assert result.code == 2, (result.stdout, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("patch-dsv4: error:"), result.stderr
+    assert "Traceback" not in result.stderr
+    for word in words:
+        assert word in lines[0], lines[0]
+
+
+def test_missing_file(tmp_path, cli):
+    _one_line_error(cli("drift", "--wheel", tmp_path / "vllm-9.9.9-py3-none-any.whl"), "no such file")
+
+
+def test_not_a_wheel(tmp_path, cli):
+    text = tmp_path / "vllm-0.30.0-py3-none-any.whl"
+    text.write_text("not a zip\n")
+    _one_line_error(cli("drift", "--wheel", text), "not a wheel", "not a zip")
+    empty_zip = tmp_path / "empty.whl"
+    with zipfile.ZipFile(empty_zip, "w") as zf:
+        zf.writestr("vllm/__init__.py", "")
+    _one_line_error(cli("drift", "--wheel", empty_zip), "not a wheel", "METADATA")
+
+
+def test_wheel_of_another_package(cli):
+    _one_line_error(cli("drift", "--wheel", wheel("flashinfer-python", "0.6.18")), "flashinfer", "not of vLLM")
+
+
+def test_version_that_does_not_exist(tmp_path, cli):
+    _one_line_error(
+        cli("drift", "--vllm-version", "0.0.0.post777", "--cache-dir", tmp_path), "vllm==0.0.0.post777"
+    )
+    _one_line_error(cli("drift", "--vllm-version", "not-a-version", "--cache-dir", tmp_path), "not a valid")
+
+
+def test_source_without_vllm(tmp_path, cli):
+    _one_line_error(cli("drift", "--source", tmp_path), "no vllm/ package")
+    _one_line_error(cli("drift", "--source", tmp_path / "absent"), "no such directory")
+    _one_line_error(cli("drift"), "no release to judge")
+    json_error = cli("drift", "--source", tmp_path, "--json")
+    assert json_error.code == 2 and json_error.json()["exit_code"] == 2
