@@ -216,10 +216,15 @@ class ReplaceStatements(Edit):
 
 
 def _cst_name(stmt) -> str | None:
+    """The name a module-level def, class or single-target assignment defines."""
     import libcst as cst
 
     if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
         return stmt.name.value
+    if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1:
+        small = stmt.body[0]
+        if isinstance(small, cst.Assign) and len(small.targets) == 1 and isinstance(small.targets[0].target, cst.Name):
+            return small.targets[0].target.value
     return None
 
 

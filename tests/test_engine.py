@@ -203,3 +203,31 @@ def test_markdown_report(make_tree, cli):
     result = cli("status", "--site-packages", tree, "--format", "markdown")
     assert result.code == 0
     assert "| `stream-load` | upstream |" in result.stdout
+
+
+class _AssignHelper(Patch):
+    """Test patch whose helper is a module-level assignment, not a function."""
+
+    id = "assign-helper"
+    title = "test"
+
+    def edits(self, ctx):
+        return [
+            ReplaceStatements(
+                label="uses a constant",
+                file=VL_MODEL,
+                scope=Scope("DeepseekV4ForConditionalGeneration", "load_weights"),
+                anchor="loader = AutoWeightsLoader(self)",
+                replacement="loader = AutoWeightsLoader(self) if _patch_dsv4_ON else None",
+                helpers=("_patch_dsv4_ON = True",),
+            )
+        ]
+
+
+def test_assignment_helpers_are_inserted_and_recognised(make_tree, cli, monkeypatch):
+    monkeypatch.setattr(engine, "discover_patches", lambda: [_AssignHelper()])
+    tree = make_tree("0.30.0")
+    assert cli("apply", "--site-packages", tree).code == 0
+    assert "\n_patch_dsv4_ON = True\n" in (tree / VL_MODEL).read_text()
+    assert cli("status", "--site-packages", tree, "--json").verdicts()["assign-helper"] == "applied"
+    assert cli("verify", "--site-packages", tree).code == 0

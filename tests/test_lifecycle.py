@@ -42,7 +42,8 @@ def test_apply_twice_verify_revert(version, reformatted, make_tree, cli):
     assert applied.code == 0, applied.stderr
     for pid in needed:
         assert applied.verdicts()[pid] == "applied"
-    changed = {f for f in stat_snapshot(tree) if before.get(f) != stat_snapshot(tree)[f]}
+    after_first = stat_snapshot(tree)
+    changed = {f for f, st in after_first.items() if before.get(f) != st}
     patched_files = set(applied.json()["changed_files"])
     assert {f for f in changed if not f.startswith(".patch-dsv4")} == patched_files
     assert bool(patched_files) == bool(needed)
