@@ -27,7 +27,7 @@ def _prints(d: DriftReport, patch_id: str, markdown: bool) -> list[str]:
             where, fp = f"`{where}`", f"`{fp}`"
         status = a.status
         if a.recorded_in:
-            status += " (" + (a.recorded_in[0] if len(a.recorded_in) == 1 else f"{a.recorded_in[0]}..{a.recorded_in[-1]}") + ")"
+            status += f" ({', '.join(a.recorded_in)})"
         lines.append(f"{where} {fp} {status}")
     return lines
 
