@@ -110,12 +110,28 @@ def _resolve_function(ctx: Context, module: str, name: str, depth: int = 0):
     node = top_level_names(tree).get(name)
     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
         return node
+    if isinstance(node, ast.ClassDef):
+        # A constructor call binds to __init__ (without self); an inherited one is not checked.
+        init = next((n for n in node.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None)
+        if init is None:
+            return None
+        bound = ast.FunctionDef(**{**init.__dict__, "args": _without_first(init.args)})
+        return bound
     if isinstance(node, ast.ImportFrom) and node.module:
         source = _absolute(module, node, path)
         for alias in node.names:
             if (alias.asname or alias.name) == name:
                 return _resolve_function(ctx, source, alias.name, depth + 1)
     return None
+
+
+def _without_first(args: ast.arguments) -> ast.arguments:
+    positional = [*args.posonlyargs, *args.args]
+    if not positional:
+        return args
+    if args.posonlyargs:
+        return ast.arguments(**{**args.__dict__, "posonlyargs": args.posonlyargs[1:]})
+    return ast.arguments(**{**args.__dict__, "args": args.args[1:]})
 
 
 def _absolute(module: str, node: ast.ImportFrom, path: str) -> str:

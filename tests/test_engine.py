@@ -231,3 +231,20 @@ def test_assignment_helpers_are_inserted_and_recognised(make_tree, cli, monkeypa
     assert "\n_patch_dsv4_ON = True\n" in (tree / VL_MODEL).read_text()
     assert cli("status", "--site-packages", tree, "--json").verdicts()["assign-helper"] == "applied"
     assert cli("verify", "--site-packages", tree).code == 0
+
+
+@pytest.mark.parametrize("version,problem", [("0.28.0", False), ("0.29.0", True)])
+def test_injected_constructor_call_binds_to_the_release(version, problem, make_tree):
+    """0.29.0 dropped AutoWeightsLoader's skip_substrs: injected code using it must not fit there."""
+    from patcher.engine import context_for
+    from patcher.environment import locate_vllm
+    from patcher.resolve import check_injected
+
+    env = locate_vllm(make_tree(version))
+    code = "loader = AutoWeightsLoader(self, skip_substrs=['mtp.'])"
+    problems = check_injected(context_for(env), "vllm/models/deepseek_v4/nvidia/model.py", [code], {"self"})
+    assert bool(problems) == problem, problems
+    if problem:
+        assert "AutoWeightsLoader" in problems[0] and "skip_substrs" in problems[0]
+    fits = "loader = AutoWeightsLoader(self, ignore_unexpected_prefixes=['vision.'])"
+    assert check_injected(context_for(env), "vllm/models/deepseek_v4/nvidia/model.py", [fits], {"self"}) == []
