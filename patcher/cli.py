@@ -10,9 +10,12 @@ from typing import List, Optional
 import typer
 
 try:  # typer >= 0.26 vendors click; older releases use the click package
-    from typer import _click as click
+    from typer._click import exceptions as click_exceptions
 except ImportError:  # pragma: no cover - depends on the installed typer
-    import click
+    from click import exceptions as click_exceptions
+
+# The vendored click of newer typer has no Abort of its own: typer.Abort is it.
+_ABORTS = tuple({typer.Abort, getattr(click_exceptions, "Abort", typer.Abort)})
 
 from patcher import __version__
 from patcher.errors import EXIT_ENVIRONMENT, PatcherError
@@ -265,11 +268,11 @@ def main(argv: list[str] | None = None) -> int:
         code = _error(exc.line(), exc.exit_code, as_json)
     except typer.Exit as exc:
         code = getattr(exc, "exit_code", 0)
-    except click.ClickException as exc:
+    except click_exceptions.ClickException as exc:
         ctx = getattr(exc, "ctx", None)
         name = "" if ctx is None or ctx.info_name == "patch-dsv4" else f" {ctx.info_name}"
         code = _error(f"{exc.format_message()} (next: patch-dsv4{name} --help)", EXIT_ENVIRONMENT, as_json)
-    except (typer.Abort, click.Abort):
+    except _ABORTS:
         code = _error("aborted", EXIT_ENVIRONMENT, as_json)
     except KeyboardInterrupt:
         code = _error("interrupted", 130, as_json)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import ast
 import difflib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from patcher import __version__
@@ -223,7 +223,22 @@ def status(env: Environment, command: str = "status") -> Report:
     view = read_state(env, store)
     judgement = judge(context_for(env), patches)
     reports = _patch_reports(judgement, patches, view)
-    return _report(env, command, reports, view, EXIT_OK, notes=_state_notes(view))
+    report = _report(env, command, reports, view, EXIT_OK, notes=_state_notes(view))
+    return replace(report, build=build_identity(env, view))
+
+
+def build_identity(env: Environment, view: StateView) -> dict:
+    """Whether this vLLM build is a release recorded in anchors/ (files we patched count as they were)."""
+    from patcher.anchors_store import known_release
+
+    def as_installed(relpath: str) -> str | None:
+        entry = view.manifest.files.get(relpath) if view.kind == "current" else None
+        if entry is not None and relpath in view.ours:
+            return entry.before
+        return sha256_path(env.path(relpath))
+
+    match = known_release(env.vllm_version, as_installed)
+    return {"known": match.known, "detail": match.detail}
 
 
 def _fast_verdicts(env: Environment, view: StateView) -> tuple[PatchReport, ...] | None:

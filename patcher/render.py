@@ -14,7 +14,10 @@ def _head(report: Report) -> str:
     fi = report.flashinfer_version or "none"
     if report.flashinfer_source:
         fi += f" ({report.flashinfer_source})"
-    return f"vLLM {report.vllm_version} at {report.target}; FlashInfer {fi}; state: {report.state}"
+    head = f"vLLM {report.vllm_version} at {report.target}; FlashInfer {fi}; state: {report.state}"
+    if report.build is not None:
+        head += f"\n{report.build['detail']}"
+    return head
 
 
 def render_table(report: Report) -> None:

@@ -108,6 +108,7 @@ class Report:
     changed_files: tuple[str, ...] = ()
     diff: str | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)
+    build: dict | None = None  # {"known": bool, "detail": str}: is this a release recorded in anchors/?
 
     def to_json(self) -> dict:
         data = {
@@ -125,4 +126,6 @@ class Report:
         }
         if self.diff is not None:
             data["diff"] = self.diff
+        if self.build is not None:
+            data["build"] = self.build
         return data

@@ -248,3 +248,22 @@ def test_injected_constructor_call_binds_to_the_release(version, problem, make_t
         assert "AutoWeightsLoader" in problems[0] and "skip_substrs" in problems[0]
     fits = "loader = AutoWeightsLoader(self, ignore_unexpected_prefixes=['vision.'])"
     assert check_injected(context_for(env), "vllm/models/deepseek_v4/nvidia/model.py", [fits], {"self"}) == []
+
+
+def test_status_tells_known_builds_from_unknown_ones(make_tree, cli):
+    tree = make_tree("0.30.0")
+    build = cli("status", "--site-packages", tree, "--json").json()["build"]
+    assert build["known"] is True and "anchors/vllm-0.30.0.json" in build["detail"]
+    assert cli("apply", "--site-packages", tree).code == 0
+    # our own edits do not make the build unknown: patched files count as installed
+    assert cli("status", "--site-packages", tree, "--json").json()["build"]["known"] is True
+    other = tree / "vllm/models/deepseek_v4/nvidia/model.py"
+    hand_edit(other, other.read_text() + "\n# a local build\n")
+    build = cli("status", "--site-packages", tree, "--json").json()["build"]
+    assert build["known"] is False and "nvidia/model.py" in build["detail"]
+
+
+def test_status_of_an_unrecorded_release_is_unknown(tmp_path, cli):
+    root = _fake_vllm(tmp_path / "sp", version="0.27.5")
+    build = cli("status", "--site-packages", root, "--json").json()["build"]
+    assert build["known"] is False and "no anchors recorded for vLLM 0.27.5" in build["detail"]
