@@ -168,7 +168,12 @@ def rewrite_record(tree: Path, changed: list[str]) -> None:
 
 
 def hand_edit(path: Path, text: str) -> None:
-    """Change a file the way an editor would, without touching hard-linked siblings."""
+    """Change a file the way an editor would, without touching hard-linked siblings.
+
+    Refuses a path through a symlinked directory: that is the shared pristine cache.
+    """
+    for parent in path.parents:
+        assert not parent.is_symlink(), f"{path} lies under {parent}, a link into the shared cache"
     path.unlink()
     path.write_text(text)
 
