@@ -14,7 +14,7 @@ import textwrap
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
 
-from patcher.fingerprint import find_scope, normalize, normalize_node, statements
+from patcher.fingerprint import find_scope, normalize_node, statements
 from patcher.patch import Context, Edit, injected_names_prefix
 from patcher.verdicts import Outcome, Verdict
 

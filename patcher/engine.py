@@ -8,7 +8,6 @@ from __future__ import annotations
 import ast
 import difflib
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 from patcher import __version__
 from patcher.edits import ReplaceStatements

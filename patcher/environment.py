@@ -15,6 +15,7 @@ import re
 import subprocess
 import sys
 from dataclasses import dataclass, field
+from email.message import Message
 from email.parser import HeaderParser
 from pathlib import Path
 
@@ -43,7 +44,7 @@ class Distribution:
     dist_info: Path
     root: Path  # the directory the RECORD paths are relative to
 
-    def metadata(self) -> "email.message.Message":  # noqa: F821
+    def metadata(self) -> Message:
         return HeaderParser().parsestr((self.dist_info / "METADATA").read_text(encoding="utf-8"))
 
 

@@ -12,7 +12,8 @@ import pytest
 from patches.dtype_policy import ATTENTION_CLASSES, FLASHINFER, FLASHMLA, O_PROJ
 from tests.conftest import RELEASE_PARAMS
 from tests.injected import load_function
-from tests.releases import content_snapshot, hand_edit, rewrite_record, stat_snapshot, wheel_file
+from tests.roundtrip import roundtrip_one_patch
+from tests.releases import hand_edit, rewrite_record, stat_snapshot
 
 EXPECTED = {
     "0.28.0": "pending",
@@ -50,34 +51,7 @@ def test_verdict(version, reformatted, make_tree, cli):
 @pytest.mark.parametrize("version", NEEDED)
 def test_apply_again_verify_revert(version, reformatted, make_tree, cli):
     tree = make_tree(version, reformatted=reformatted)
-    original = content_snapshot(tree)
-    before = stat_snapshot(tree)
-
-    applied = cli("apply", "--site-packages", tree, "--only", "dtype-policy", "--json")
-    assert applied.code == 0, applied.stderr
-    assert applied.verdicts()["dtype-policy"] == "applied"
-    assert set(applied.json()["changed_files"]) == {FLASHINFER, FLASHMLA}
-    after = stat_snapshot(tree)
-    changed = {f for f in after if before.get(f) != after[f] and not f.startswith(".patch-dsv4")}
-    assert changed == {FLASHINFER, FLASHMLA}, "the shared op, the AMD/XPU classes and other models stay as they are"
-
-    snapshot, stats = content_snapshot(tree), stat_snapshot(tree)
-    again = cli("apply", "--site-packages", tree, "--only", "dtype-policy", "--json")
-    assert again.code == 0, again.stderr
-    assert again.json()["changed_files"] == []
-    assert content_snapshot(tree) == snapshot and stat_snapshot(tree) == stats
-
-    # (verify's exit status also answers for the patches left out by --only)
-    verify = cli("verify", "--site-packages", tree, "--json")
-    assert verify.verdicts()["dtype-policy"] == "applied", verify.stdout
-
-    reverted = cli("revert", "--site-packages", tree, "--json")
-    assert reverted.code == 0, reverted.stderr
-    assert content_snapshot(tree) == original
-    if not reformatted:
-        for relpath in (FLASHINFER, FLASHMLA):
-            assert (tree / relpath).read_bytes() == wheel_file(version, relpath)
-    assert cli("status", "--site-packages", tree, "--json").verdicts()["dtype-policy"] == "pending"
+    roundtrip_one_patch(cli, tree, "dtype-policy", {FLASHINFER, FLASHMLA}, version, reformatted)
 
 
 @pytest.mark.parametrize("version", NEEDED)

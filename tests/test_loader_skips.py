@@ -13,7 +13,8 @@ import pytest
 from patches.loader_skips import DSPARK, MODEL, TEXT_CLASS, VL_MODEL
 from tests.conftest import RELEASE_PARAMS
 from tests.injected import load_function
-from tests.releases import content_snapshot, hand_edit, rewrite_record, stat_snapshot, wheel_file
+from tests.roundtrip import roundtrip_one_patch
+from tests.releases import hand_edit, rewrite_record, stat_snapshot
 
 EXPECTED = {
     "0.28.0": "pending",
@@ -55,33 +56,7 @@ def test_verdict(version, reformatted, make_tree, cli):
 @pytest.mark.parametrize("version", NEEDED)
 def test_apply_again_verify_revert(version, reformatted, make_tree, cli):
     tree = make_tree(version, reformatted=reformatted)
-    original = content_snapshot(tree)
-    before = stat_snapshot(tree)
-
-    applied = cli("apply", "--site-packages", tree, "--only", "loader-skips", "--json")
-    assert applied.code == 0, applied.stderr
-    assert applied.verdicts()["loader-skips"] == "applied"
-    after = stat_snapshot(tree)
-    changed = {f for f in after if before.get(f) != after[f] and not f.startswith(".patch-dsv4")}
-    assert changed == set(applied.json()["changed_files"]) == {MODEL, DSPARK}, "AMD/XPU loaders stay as they are"
-
-    snapshot, stats = content_snapshot(tree), stat_snapshot(tree)
-    again = cli("apply", "--site-packages", tree, "--only", "loader-skips", "--json")
-    assert again.code == 0, again.stderr
-    assert again.json()["changed_files"] == []
-    assert content_snapshot(tree) == snapshot and stat_snapshot(tree) == stats
-
-    # (verify's exit status also answers for the patches left out by --only)
-    verify = cli("verify", "--site-packages", tree, "--json")
-    assert verify.verdicts()["loader-skips"] == "applied", verify.stdout
-
-    reverted = cli("revert", "--site-packages", tree, "--json")
-    assert reverted.code == 0, reverted.stderr
-    assert content_snapshot(tree) == original
-    if not reformatted:
-        for relpath in (MODEL, DSPARK):
-            assert (tree / relpath).read_bytes() == wheel_file(version, relpath)
-    assert cli("status", "--site-packages", tree, "--json").verdicts()["loader-skips"] == "pending"
+    roundtrip_one_patch(cli, tree, "loader-skips", {MODEL, DSPARK}, version, reformatted)
 
 
 def test_changed_loader_is_drifted_and_nothing_written(make_tree, cli):
