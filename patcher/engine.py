@@ -406,22 +406,32 @@ def _record_judgement(env: Environment, manifest: Manifest, patches: list[Patch]
     manifest.flashinfer = {"version": env.flashinfer_version, "source": env.flashinfer_source}
 
 
-def _roll_forward(env: Environment, store: StateStore, manifest: Manifest) -> None:
+def _replay(env: Environment, manifest: Manifest, source) -> None:
+    """Move each file of the journalled transaction to its "to" bytes, read from ``source(relpath)``.
+
+    A file already there is left alone; one that is neither "from" nor "to"
+    changed behind our back and stops the replay, nothing more written.
+    """
+    op = manifest.transaction["op"]
     for relpath, move in manifest.transaction["files"].items():
         now = sha256_path(env.path(relpath))
         if now == move["to"]:
             continue
         if now != move["from"]:
             raise Refused(
-                f"cannot finish the interrupted apply of {relpath}",
+                f"cannot finish the interrupted {op} of {relpath}",
                 "the file changed since",
-                f"pip install --force-reinstall --no-deps vllm=={env.vllm_version}, then patch-dsv4 apply",
+                f"pip install --force-reinstall --no-deps vllm=={env.vllm_version}, then patch-dsv4 {op}",
             )
-        staged = store.staged_path(relpath).read_bytes()
-        if sha256_bytes(staged) != move["to"]:
-            raise Refused(f"staged copy of {relpath} is damaged", "", f"reinstall vllm=={env.vllm_version}")
-        replace_source(env.path(relpath), staged)
+        data = source(relpath)
+        if sha256_bytes(data) != move["to"]:
+            raise Refused(f"the saved copy of {relpath} is damaged", "", f"reinstall vllm=={env.vllm_version}")
+        replace_source(env.path(relpath), data)
         _step("target")
+
+
+def _roll_forward(env: Environment, store: StateStore, manifest: Manifest) -> None:
+    _replay(env, manifest, lambda relpath: store.staged_path(relpath).read_bytes())
     manifest.transaction = None
     store.save(manifest)
     store.clear_staged()
@@ -492,16 +502,5 @@ def revert(env: Environment, lock_timeout: float = 300.0) -> Report:
 
 
 def _finish_revert(env: Environment, store: StateStore, manifest: Manifest) -> None:
-    for relpath, move in manifest.transaction["files"].items():
-        now = sha256_path(env.path(relpath))
-        if now == move["to"]:
-            continue
-        if now != move["from"]:
-            raise Refused(
-                f"cannot finish the interrupted revert of {relpath}",
-                "the file changed since",
-                f"pip install --force-reinstall --no-deps vllm=={env.vllm_version}",
-            )
-        replace_source(env.path(relpath), store.backup_path(relpath).read_bytes())
-        _step("target")
+    _replay(env, manifest, lambda relpath: store.backup_path(relpath).read_bytes())
     store.remove()
