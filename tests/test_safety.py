@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import multiprocessing
 import os
 import shutil
@@ -275,3 +276,18 @@ def test_revert_killed_at_every_step(version, make_tree, cli):
         assert not list((tree / DSV4).rglob("*.tmp"))
         shutil.rmtree(tree.parent)
     assert step > 2, "the fault hook never fired: nothing was tested"
+
+
+def test_default_target_is_the_running_interpreters_environment(make_tree):
+    """Without --site-packages or --python, vLLM is found on this interpreter's sys.path (never imported)."""
+    tree = make_tree("0.31.0")
+    env = {**os.environ, "PYTHONPATH": f"{tree}{os.pathsep}{ROOT}"}
+    run = [sys.executable, "-m", "patcher"]
+    status = subprocess.run([*run, "status", "--json"], env=env, capture_output=True, text=True)
+    assert status.returncode == 0, status.stderr
+    data = json.loads(status.stdout)
+    assert data["vllm_version"] == "0.31.0" and Path(data["target"]) == tree
+    assert subprocess.run([*run, "apply"], env=env, capture_output=True).returncode == 0
+    assert subprocess.run([*run, "verify"], env=env, capture_output=True).returncode == 0
+    assert subprocess.run([*run, "revert"], env=env, capture_output=True).returncode == 0
+    assert (tree / VL_MODEL).read_bytes() == wheel_file("0.31.0", VL_MODEL)
