@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import multiprocessing
 import os
@@ -19,10 +18,6 @@ import pytest
 from patches.stream_load import VL_MODEL
 from tests.conftest import ROOT
 from tests.releases import DSV4, content_snapshot, wheel, wheel_file
-
-
-def _sha(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def _rank(args, start, judged, index, devnull):
