@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import ast
 import re
+import textwrap
 
 from packaging.version import InvalidVersion, Version
 
@@ -84,21 +85,7 @@ if _patch_dsv4_wide_swa_takes_sliced_path(
         extra_sparse_topk_lens=extra_sparse_lengths_chunk,
     )
 else:
-    flashinfer_trtllm_batch_decode_sparse_mla_dsv4(
-        query=q_chunk,
-        swa_kv_cache=swa_kv_paged,
-        workspace_buffer=self._get_workspace(q.device),
-        sparse_indices=swa_indices_chunk,
-        compressed_kv_cache=extra_kv_paged,
-        out=output[query_start:query_end],
-        bmm1_scale=self.scale,
-        sinks=self.attn_sink,
-        kv_layout="NHD",
-        swa_topk_lens=swa_lens_chunk,
-        extra_sparse_indices=extra_sparse_indices_chunk,
-        extra_sparse_topk_lens=extra_sparse_lengths_chunk,
-    )
-"""
+""" + textwrap.indent(ANCHOR.strip("\n"), "    ") + "\n"
 
 HELPER_TAKES_SLICED_PATH = '''
 def _patch_dsv4_wide_swa_takes_sliced_path(query, sparse_indices, extra_sparse_indices):
