@@ -15,12 +15,10 @@ import ast
 import math
 import sys
 import textwrap
-import time
 
 if not (len(sys.argv) > 2 and sys.argv[1] == "prepare"):
     import torch
     import triton
-    import triton.language as tl
 
 HERE = sys.argv[-1] if len(sys.argv) > 1 else "."
 SOURCES = {
