@@ -96,23 +96,7 @@ def make_inputs(tokens, heads, keys, compressed, dim, device, generator):
 
 
 def full_width(inputs, out, compute_dtype=torch.float32):
-    return reference.sparse_mla_sm120(
-        query=inputs["query"].unsqueeze(1),
-        kv_cache=inputs["swa_kv_cache"],
-        workspace_buffer=None,
-        sparse_mla_segments=[
-            reference.SparseMLASegment(inputs["sparse_indices"], inputs["swa_topk_lens"]),
-            reference.SparseMLASegment(
-                inputs["extra_sparse_indices"], inputs["extra_sparse_topk_lens"], inputs["compressed_kv_cache"]
-            ),
-        ],
-        out=out.unsqueeze(1),
-        sm_scale=inputs["bmm1_scale"],
-        sinks=inputs["sinks"],
-        lse=None,
-        return_lse=False,
-        compute_dtype=compute_dtype,
-    )
+    return reference.one_softmax_over_the_row(inputs, out, compute_dtype, return_lse=False)
 
 
 def timed(fn, device, repeats):

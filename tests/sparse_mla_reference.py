@@ -142,3 +142,26 @@ def sparse_mla_sm120(
     if return_lse:
         return out, lse_flat
     return out
+
+
+def one_softmax_over_the_row(inputs: dict, out: torch.Tensor, compute_dtype=torch.float32, return_lse=True):
+    """One full-width call over a whole row: window and compressed segment, sink, as FlashInfer 0.7 does.
+
+    ``inputs`` holds the keyword arguments of the sliced path (query [T, H, D],
+    window and compressed indices, lengths, caches, scale, sinks); ``out`` is [T, H, D].
+    """
+    return sparse_mla_sm120(
+        query=inputs["query"].unsqueeze(1),
+        kv_cache=inputs["swa_kv_cache"],
+        workspace_buffer=None,
+        sparse_mla_segments=[
+            SparseMLASegment(inputs["sparse_indices"], inputs["swa_topk_lens"]),
+            SparseMLASegment(inputs["extra_sparse_indices"], inputs["extra_sparse_topk_lens"], inputs["compressed_kv_cache"]),
+        ],
+        out=out.unsqueeze(1),
+        sm_scale=inputs["bmm1_scale"],
+        sinks=inputs["sinks"],
+        lse=None,
+        return_lse=return_lse,
+        compute_dtype=compute_dtype,
+    )

@@ -79,25 +79,9 @@ def _case(seed: int, tokens: int, width: int, sink: bool, three_d: bool, heads=8
 
 def _one_softmax(inputs, compute_dtype=torch.float32):
     tokens, heads, dim = inputs["query"].shape
-    out = torch.empty(tokens, 1, heads, dim)
-    _, lse = reference.sparse_mla_sm120(
-        query=inputs["query"].unsqueeze(1),
-        kv_cache=inputs["swa_kv_cache"],
-        workspace_buffer=None,
-        sparse_mla_segments=[
-            reference.SparseMLASegment(inputs["sparse_indices"], inputs["swa_topk_lens"]),
-            reference.SparseMLASegment(
-                inputs["extra_sparse_indices"], inputs["extra_sparse_topk_lens"], inputs["compressed_kv_cache"]
-            ),
-        ],
-        out=out,
-        sm_scale=inputs["bmm1_scale"],
-        sinks=inputs["sinks"],
-        lse=None,
-        return_lse=True,
-        compute_dtype=compute_dtype,
-    )
-    return out[:, 0], lse
+    out = torch.empty(tokens, heads, dim)
+    _, lse = reference.one_softmax_over_the_row(inputs, out, compute_dtype)
+    return out, lse
 
 
 def _sliced(namespace, inputs):
