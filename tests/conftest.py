@@ -36,6 +36,11 @@ class CliResult:
     def verdicts(self) -> dict[str, str]:
         return {p["id"]: p["verdict"] for p in self.json()["patches"]}
 
+    def patch(self, patch_id: str) -> dict:
+        """The JSON report of one patch."""
+        (patch,) = [p for p in self.json()["patches"] if p["id"] == patch_id]
+        return patch
+
 
 def run_cli(*args: str) -> CliResult:
     from patcher.cli import main

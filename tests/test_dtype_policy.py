@@ -28,18 +28,13 @@ HELPER = "_patch_dsv4_bf16_o_proj"
 BF16_KERNEL_MODULE = "vllm.v1.attention.ops.rocm_aiter_mla_sparse"
 
 
-def _patch_report(result, patch_id="dtype-policy"):
-    (patch,) = [p for p in result.json()["patches"] if p["id"] == patch_id]
-    return patch
-
-
 @pytest.mark.parametrize("reformatted", [False, True], ids=["pristine", "reformatted"])
 @pytest.mark.parametrize("version", RELEASE_PARAMS)
 def test_verdict(version, reformatted, make_tree, cli):
     tree = make_tree(version, reformatted=reformatted)
     result = cli("status", "--site-packages", tree, "--json")
     assert result.code == 0, result.stderr
-    patch = _patch_report(result)
+    patch = result.patch("dtype-policy")
     assert patch["verdict"] == EXPECTED[version], patch
     assert [e["verdict"] for e in patch["edits"]] == [EXPECTED[version]] * len(ATTENTION_CLASSES)
     if EXPECTED[version] == "upstream":
@@ -78,7 +73,7 @@ def test_changed_projection_is_drifted_and_nothing_written(make_tree, cli):
     before = stat_snapshot(tree)
 
     status = cli("status", "--site-packages", tree, "--json")
-    patch = _patch_report(status)
+    patch = status.patch("dtype-policy")
     assert patch["verdict"] == "drifted"
     drifted = [e for e in patch["edits"] if e["verdict"] == "drifted"]
     assert len(drifted) == 1 and FLASHMLA == drifted[0]["file"]

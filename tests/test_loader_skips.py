@@ -30,18 +30,13 @@ VISION_HELPER = "_patch_dsv4_vision_tower_prefixes"
 UTILS = "vllm/model_executor/models/utils.py"
 
 
-def _patch_report(result):
-    (patch,) = [p for p in result.json()["patches"] if p["id"] == "loader-skips"]
-    return patch
-
-
 @pytest.mark.parametrize("reformatted", [False, True], ids=["pristine", "reformatted"])
 @pytest.mark.parametrize("version", RELEASE_PARAMS)
 def test_verdict(version, reformatted, make_tree, cli):
     tree = make_tree(version, reformatted=reformatted)
     result = cli("status", "--site-packages", tree, "--json")
     assert result.code == 0, result.stderr
-    patch = _patch_report(result)
+    patch = result.patch("loader-skips")
     assert patch["verdict"] == EXPECTED[version], patch
     vision, target, draft = patch["edits"]
     assert (vision["file"], target["file"], draft["file"]) == (MODEL, MODEL, DSPARK)
@@ -69,7 +64,7 @@ def test_changed_loader_is_drifted_and_nothing_written(make_tree, cli):
     rewrite_record(tree, [MODEL])
     before = stat_snapshot(tree)
 
-    patch = _patch_report(cli("status", "--site-packages", tree, "--json"))
+    patch = cli("status", "--site-packages", tree, "--json").patch("loader-skips")
     assert patch["verdict"] == "drifted"
     assert [e["verdict"] for e in patch["edits"]] == ["pending", "drifted", "pending"]
     assert "base_layer" in patch["edits"][1]["expected"]

@@ -30,7 +30,7 @@ def test_verdict(version, reformatted, make_tree, cli):
     tree = make_tree(version, reformatted=reformatted)
     result = cli("status", "--site-packages", tree, "--json")
     assert result.code == 0, result.stderr
-    (patch,) = [p for p in result.json()["patches"] if p["id"] == "stream-load"]
+    patch = result.patch("stream-load")
     assert patch["verdict"] == EXPECTED[version], patch
     if EXPECTED[version] == "upstream":
         assert "stream_language_model_first" in patch["detail"]
@@ -70,7 +70,7 @@ def test_changed_anchor_is_drifted_and_nothing_written(version, make_tree, cli):
     rewrite_record(tree, [VL_MODEL])  # a release that really ships this code
     before = stat_snapshot(tree)
     status = cli("status", "--site-packages", tree, "--json")
-    (patch,) = [p for p in status.json()["patches"] if p["id"] == "stream-load"]
+    patch = status.patch("stream-load")
     assert patch["verdict"] == "drifted"
     (edit,) = patch["edits"]
     assert "iter(sorted(mapped, key=lambda x: x[0]))" in edit["expected"]

@@ -32,7 +32,7 @@ WIDE_FLASHINFER = ("0.7.0.post1", "0.7.2.post1")
 
 
 def _wide_swa(result) -> dict:
-    (patch,) = [p for p in result.json()["patches"] if p["id"] == "wide-swa"]
+    patch = result.patch("wide-swa")
     return patch
 
 
