@@ -31,7 +31,7 @@ def main() -> None:
     parser.add_argument("--version", default="0.30.0")
     args = parser.parse_args()
     if args.no_lock:
-        patcher.state.StateStore.lock = lambda self, timeout: contextlib.nullcontext()
+        patcher.state.StateStore.lock = lambda self, timeout, on_wait=None: contextlib.nullcontext()
     for trial in range(args.trials):
         work = Path(tempfile.mkdtemp())
         tree = copy_tree(pristine_tree(args.version), work / "site-packages")

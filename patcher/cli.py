@@ -1,4 +1,4 @@
-"""The `patch-dsv4` command: a thin Typer layer over patcher.engine."""
+"""The `patch-dsv4` command: a thin Typer layer over patcher.commands."""
 
 from __future__ import annotations
 
@@ -87,10 +87,10 @@ def status(
     as_json: bool = JsonFlag,
 ) -> None:
     """A verdict per patch for this environment."""
-    from patcher import engine
+    from patcher import commands
 
     fmt = _format(fmt, as_json)
-    _finish(engine.status(_environment(site_packages, python)), fmt)
+    _finish(commands.status(_environment(site_packages, python)), fmt)
 
 
 @app.command()
@@ -105,11 +105,11 @@ def apply(
     as_json: bool = JsonFlag,
 ) -> None:
     """Apply every patch this environment needs (all files or none)."""
-    from patcher import engine
+    from patcher import commands
 
     fmt = _format(fmt, as_json)
     env = _environment(site_packages, python)
-    _finish(engine.apply(env, only=only, force=force, dry_run=dry_run, lock_timeout=lock_timeout), fmt)
+    _finish(commands.apply(env, only=only, force=force, dry_run=dry_run, lock_timeout=lock_timeout), fmt)
 
 
 @app.command()
@@ -120,10 +120,10 @@ def verify(
     as_json: bool = JsonFlag,
 ) -> None:
     """CI gate: exit 0 only if every patch this environment needs is applied and intact."""
-    from patcher import engine
+    from patcher import commands
 
     fmt = _format(fmt, as_json)
-    _finish(engine.verify(_environment(site_packages, python)), fmt)
+    _finish(commands.verify(_environment(site_packages, python)), fmt)
 
 
 @app.command()
@@ -135,10 +135,10 @@ def revert(
     as_json: bool = JsonFlag,
 ) -> None:
     """Restore every file we patched, byte for byte, and remove the state."""
-    from patcher import engine
+    from patcher import commands
 
     fmt = _format(fmt, as_json)
-    _finish(engine.revert(_environment(site_packages, python), lock_timeout=lock_timeout), fmt)
+    _finish(commands.revert(_environment(site_packages, python), lock_timeout=lock_timeout), fmt)
 
 
 # -- drift and anchors: judge a release without installing it (patcher/drift.py) ----
@@ -276,6 +276,15 @@ def main(argv: list[str] | None = None) -> int:
         code = _error("aborted", EXIT_ENVIRONMENT, as_json)
     except KeyboardInterrupt:
         code = _error("interrupted", 130, as_json)
+    except (BrokenPipeError, SystemExit):
+        raise
+    except Exception as exc:  # a bug of ours: say so, briefly, and never as exit 1 ("needs action")
+        code = _error(
+            f"internal error: {type(exc).__name__}: {exc} (this is a bug in patch-dsv4 {__version__}; "
+            "report it with the command you ran)",
+            EXIT_ENVIRONMENT,
+            as_json,
+        )
     if argv is None:
         sys.exit(code)
     return code

@@ -21,11 +21,11 @@ from dataclasses import dataclass, field
 
 from patcher import anchors_store
 from patcher.anchors_store import BuildMatch
-from patcher.errors import EXIT_NEEDS_ACTION, EXIT_OK
+from patcher.errors import EXIT_NEEDS_ACTION, EXIT_OK, PatcherError
 from patcher.fingerprint import scope_fingerprint
 from patcher.patch import Context, Patch
 from patcher.release_target import ReleaseTarget
-from patcher.verdicts import EditReport, PatchReport, Report, Verdict, combine
+from patcher.verdicts import PatchReport, Report, Verdict
 
 RECORDED, NEW, DRIFTED, ABSENT = "recorded", "new", "drifted", "absent"
 
@@ -97,23 +97,15 @@ class _Judged:
 
 
 def _judge(target: ReleaseTarget, patches: list[Patch] | None = None) -> _Judged:
-    from patcher.engine import judge
+    from patcher.judge import judge, patch_report
     from patcher.registry import discover_patches
 
     patches = discover_patches() if patches is None else patches
     ctx = target.context()
     judgement = judge(ctx, patches)
-    reports = []
-    for patch in patches:
-        pairs = judgement.outcomes[patch.id]
-        edits = tuple(
-            EditReport(edit.label, edit.file, o.verdict, o.detail, o.expected, o.found) for edit, o in pairs
-        )
-        verdict = combine([e.verdict for e in edits])
-        focus = [e for e in edits if e.verdict is verdict]
-        detail = "; ".join(dict.fromkeys(e.detail for e in focus)) if focus else "no edits"
-        reports.append(PatchReport(patch.id, patch.title, verdict, judgement.patch_files(patch.id), detail, edits))
-    return _Judged(patches, ctx, tuple(reports), judgement.outcomes, judgement.originals)
+    reports = tuple(patch_report(patch, judgement) for patch in patches)
+    originals = {rel: ctx.read(rel) for rel in judgement.originals}
+    return _Judged(patches, ctx, reports, judgement.outcomes, originals)
 
 
 def _fingerprints(judged: _Judged, patch_id: str) -> list[tuple[object, object, str | None]]:
@@ -218,7 +210,10 @@ def drift(target: ReleaseTarget, strict: bool = False, anchors_dir=None) -> Drif
 
 
 def _sha256(target: ReleaseTarget, relpath: str) -> str | None:
-    data = target.read_bytes(relpath)
+    try:
+        data = target.read_bytes(relpath)
+    except (OSError, PatcherError):
+        return None
     return None if data is None else hashlib.sha256(data).hexdigest()
 
 

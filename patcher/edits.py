@@ -97,7 +97,7 @@ class ReplaceStatements(Edit):
         if text is None:
             return Outcome.not_applicable(f"{self.file} is not part of this release")
         try:
-            tree = ast.parse(text)
+            tree = ctx.parse(text)
         except SyntaxError as exc:
             return Outcome.drifted(f"{self.file} does not parse: {exc.msg} (line {exc.lineno})")
         scope = find_scope(tree, self.scope.cls, self.scope.func)
@@ -167,8 +167,14 @@ class ReplaceStatements(Edit):
         import libcst as cst
 
         module = cst.parse_module(text)
+        newline = module.default_newline
+
+        def own_newlines(code: str) -> str:
+            # multi-line strings keep their newlines verbatim: write them the file's way
+            return textwrap.dedent(code).replace("\n", newline)
+
         anchor = statements(self.anchor)
-        parsed = cst.parse_module(textwrap.dedent(self.replacement))
+        parsed = cst.parse_module(own_newlines(self.replacement))
         replacement = list(parsed.body)
         # libcst files comment lines above the first statement under the module header.
         comments = [line for line in parsed.header if line.comment is not None]
@@ -206,7 +212,7 @@ class ReplaceStatements(Edit):
             present = {_cst_name(s) for s in body}
             new_helpers = []
             for helper in self.helpers:
-                (stmt,) = cst.parse_module(textwrap.dedent(helper)).body
+                (stmt,) = cst.parse_module(own_newlines(helper)).body
                 if _cst_name(stmt) in present:
                     continue
                 blank = cst.EmptyLine(indent=False, whitespace=cst.SimpleWhitespace(""), comment=None)

@@ -1,7 +1,9 @@
 """Find the installed vLLM (and FlashInfer) from distribution metadata alone.
 
 Nothing here imports vLLM, torch or FlashInfer: an environment without a GPU,
-or with a broken torch, can still be judged and patched.
+or with a broken torch, can still be judged and patched. Distributions are read
+with :mod:`importlib.metadata`; every damaged metadata file (not UTF-8, a RECORD
+field over the csv limit, missing) is a one-line error, never a traceback.
 """
 
 from __future__ import annotations
@@ -9,27 +11,22 @@ from __future__ import annotations
 import base64
 import csv
 import hashlib
-import io
 import json
-import re
 import subprocess
 import sys
 from dataclasses import dataclass, field
-from email.message import Message
-from email.parser import HeaderParser
+from importlib.metadata import Distribution, distributions
 from pathlib import Path
+from typing import Iterable, Mapping
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
 
 from patcher.errors import EnvironmentProblem
+from patcher.fs import PackageTree, UnsafePath
 
-_NAME_RE = re.compile(r"[-_.]+")
-
-
-def canonical_name(name: str) -> str:
-    return _NAME_RE.sub("-", name).lower()
-
-
-def sha256_file(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+VLLM = "vllm"
+FLASHINFER = "flashinfer-python"
 
 
 def record_digest(data: bytes) -> str:
@@ -38,68 +35,174 @@ def record_digest(data: bytes) -> str:
 
 
 @dataclass(frozen=True)
-class Distribution:
+class Installed:
+    """One installed distribution: its version, where it is, its RECORD and its requirements."""
+
     name: str
     version: str
-    dist_info: Path
     root: Path  # the directory the RECORD paths are relative to
+    dist: Distribution = field(repr=False, compare=False)
 
-    def metadata(self) -> Message:
-        return HeaderParser().parsestr((self.dist_info / "METADATA").read_text(encoding="utf-8"))
+    def describe(self) -> str:
+        return f"{self.name} {self.version} in {self.root}"
+
+    def record(self) -> dict[str, str]:
+        """RECORD as {relative path: urlsafe-base64 sha256}."""
+        try:
+            files = self.dist.files or []
+            return {str(f): f.hash.value for f in files if f.hash is not None and f.hash.mode == "sha256"}
+        except (OSError, UnicodeDecodeError, csv.Error, ValueError) as exc:
+            raise EnvironmentProblem(
+                f"cannot read the RECORD of {self.describe()}", _short(exc), f"reinstall {self.name}=={self.version}"
+            ) from None
+
+    def requires(self) -> list[str]:
+        try:
+            return list(self.dist.requires or [])
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            raise EnvironmentProblem(
+                f"cannot read the METADATA of {self.describe()}", _short(exc), f"reinstall {self.name}=={self.version}"
+            ) from None
 
 
-def _read_dist(dist_info: Path) -> Distribution | None:
-    meta = dist_info / "METADATA"
+def _short(exc: BaseException) -> str:
+    text = str(exc)
+    return text if len(text) <= 160 else text[:157] + "..."
+
+
+def _read_installed(dist: Distribution, wanted: str) -> Installed | None:
     try:
-        headers = HeaderParser().parsestr(meta.read_text(encoding="utf-8"), headersonly=True)
-    except OSError:
+        meta = dist.metadata
+        name, version = meta["Name"], meta["Version"]
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise EnvironmentProblem(f"cannot read a {wanted} METADATA", _short(exc), f"reinstall {wanted}") from None
+    if not name or not version or canonicalize_name(name) != wanted:
         return None
-    name, version = headers.get("Name"), headers.get("Version")
-    if not name or not version:
-        return None
-    return Distribution(canonical_name(name), version, dist_info, dist_info.parent)
+    return Installed(wanted, version, Path(str(dist.locate_file(""))), dist)
 
 
-def find_distribution(name: str, search_path: list[Path]) -> Distribution | None:
-    """The first distribution called ``name`` on ``search_path`` (import order).
-
-    One directory can hold two dist-infos of one project (``pip install
-    --target --upgrade`` leaves the old one behind): the one whose RECORD
-    matches the files on disk is the installed one.
-    """
-    wanted = canonical_name(name)
-    for entry in search_path:
-        if not entry.is_dir():
-            continue
-        found = []
-        for dist_info in sorted(entry.glob("*.dist-info")):
-            # "<name>-<version>.dist-info": versions hold no dash.
-            if canonical_name(dist_info.name[: -len(".dist-info")].rpartition("-")[0]) != wanted:
-                continue
-            dist = _read_dist(dist_info)
-            if dist is not None and dist.name == wanted:
-                found.append(dist)
-        if len(found) == 1:
-            return found[0]
-        if found:
-            return max(found, key=_files_on_disk_matching)
-    return None
-
-
-def _files_on_disk_matching(dist: Distribution) -> int:
+def _matching_modules(found: Installed, package: str) -> int:
     """How many of the package's top-level modules on disk are the ones this RECORD lists."""
     try:
-        record = read_record(dist)
+        record = found.record()
     except EnvironmentProblem:
         return -1
     matches = 0
     for relpath, digest in record.items():
-        if relpath.count("/") == 1 and relpath.endswith((".py",)) and not relpath.startswith("../"):
+        if relpath.startswith(package + "/") and relpath.count("/") == 1 and relpath.endswith(".py"):
             try:
-                matches += record_digest((dist.root / relpath).read_bytes()) == digest
+                matches += record_digest((found.root / relpath).read_bytes()) == digest
             except OSError:
                 pass
     return matches
+
+
+def find_distribution(name: str, search_path: Iterable[Path], package: str | None = None) -> Installed | None:
+    """The first distribution called ``name`` on ``search_path`` (import order).
+
+    One directory can hold two dist-infos of one project (``pip install
+    --target --upgrade`` leaves the old one behind): the one whose RECORD
+    matches the files of ``package`` on disk is the installed one; when both
+    match equally well, nothing tells them apart, and that is an error.
+    """
+    wanted = canonicalize_name(name)
+    for entry in search_path:
+        try:
+            if not entry.is_dir():
+                continue
+        except OSError:
+            continue
+        found = [d for d in (_read_installed(x, wanted) for x in distributions(name=wanted, path=[str(entry)])) if d]
+        if len(found) == 1:
+            return found[0]
+        if found:
+            scored = sorted(((_matching_modules(d, package or wanted), d) for d in found), key=lambda x: -x[0])
+            if scored[0][0] == scored[1][0]:
+                both = " and ".join(d.version for _, d in scored[:2])
+                raise EnvironmentProblem(
+                    f"two {wanted} dist-infos in {entry} ({both}) match the files on disk equally well",
+                    "nothing tells which release is installed",
+                    f"reinstall {wanted} there (pip install --force-reinstall --no-deps), or remove the stale dist-info",
+                )
+            return scored[0][1]
+    return None
+
+
+def flashinfer_pin(requirements: Iterable[str]) -> str | None:
+    """The FlashInfer release a requirement list pins with ``flashinfer-python==X`` (no extra)."""
+    for text in requirements:
+        try:
+            req = Requirement(text)
+        except InvalidRequirement:
+            continue
+        if canonicalize_name(req.name) != FLASHINFER:
+            continue
+        if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+            continue
+        specs = list(req.specifier)
+        if len(specs) == 1 and specs[0].operator == "==":
+            return specs[0].version
+    return None
+
+
+@dataclass(frozen=True)
+class Interpreter:
+    """What another interpreter reports about itself (``--python EXE``)."""
+
+    executable: str
+    search_path: tuple[Path, ...]
+    version: str | None = None
+    machine: str | None = None
+
+
+_REPORT_CODE = (
+    "import json, platform, sys; print(json.dumps({'path': [p for p in sys.path if p], "
+    "'version': platform.python_version(), 'machine': platform.machine()}))"
+)
+
+
+def ask_interpreter(python: str) -> Interpreter:
+    """Ask another interpreter for its sys.path, without importing anything of vLLM."""
+    advice = "pass --python a working Python interpreter"
+    try:
+        proc = subprocess.run([python, "-c", _REPORT_CODE], capture_output=True, text=True, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired, ValueError) as exc:
+        raise EnvironmentProblem(f"cannot run {python}", _short(exc), advice) from None
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise EnvironmentProblem(f"{python} failed to report its sys.path", _short(last), advice)
+    try:
+        data = json.loads(proc.stdout)
+        paths = tuple(Path(p) for p in data["path"] if isinstance(p, str))
+        version, machine = data.get("version"), data.get("machine")
+    except (ValueError, KeyError, TypeError):
+        raise EnvironmentProblem(f"{python} is not a Python interpreter", "it did not report its sys.path", advice) from None
+    return Interpreter(python, paths, version if isinstance(version, str) else None, machine if isinstance(machine, str) else None)
+
+
+@dataclass(frozen=True)
+class Target:
+    """How the user named the environment, so that advice names it the same way."""
+
+    option: str | None  # "--site-packages" | "--python" | None (this interpreter)
+    value: str | None = None
+
+    def args(self) -> str:
+        """The target option as it goes on a command line ('' for the default)."""
+        return "" if self.option is None else f" {self.option} {_quote(self.value or '')}"
+
+    def pip(self, requirement: str, site: Path) -> str:
+        """The pip command that installs ``requirement`` into this environment."""
+        if self.option == "--site-packages":
+            return f"pip install --no-deps --force-reinstall --upgrade --target {_quote(str(site))} {requirement}"
+        python = self.value if self.option == "--python" else sys.executable
+        return f"{_quote(python or 'python')} -m pip install --no-deps --force-reinstall {requirement}"
+
+
+def _quote(text: str) -> str:
+    import shlex
+
+    return shlex.quote(text)
 
 
 @dataclass(frozen=True)
@@ -107,117 +210,100 @@ class Environment:
     """An environment holding vLLM, as far as patch-dsv4 is concerned."""
 
     site_packages: Path
-    vllm: Distribution
+    vllm: Installed
     flashinfer_version: str | None
     flashinfer_source: str | None  # "installed" | "pinned" | None
     flashinfer_root: Path | None
-    record: dict[str, str] = field(repr=False, compare=False)
+    record: Mapping[str, str] = field(repr=False, compare=False)
+    tree: PackageTree = field(repr=False, compare=False)
+    target: Target = Target(None)
+    interpreter: Interpreter | None = None
 
     @property
     def vllm_version(self) -> str:
         return self.vllm.version
 
-    @property
-    def state_dir(self) -> Path:
-        return self.site_packages / ".patch-dsv4"
-
-    def path(self, relpath: str) -> Path:
-        return self.site_packages / relpath
-
-    def read(self, relpath: str) -> str | None:
+    def read_bytes(self, relpath: str) -> bytes | None:
+        """A file of the vLLM package, None when absent; OSError / UnsafePath when it cannot be read."""
         try:
-            return self.path(relpath).read_text(encoding="utf-8")
+            return self.tree.read(relpath)
         except FileNotFoundError:
             return None
 
-    def read_flashinfer(self, relpath: str) -> str | None:
+    def sha256(self, relpath: str) -> str | None:
+        return self.tree.sha256(relpath)
+
+    def read_flashinfer(self, relpath: str) -> bytes | None:
         if self.flashinfer_root is None:
             return None
         try:
-            return (self.flashinfer_root / relpath).read_text(encoding="utf-8")
-        except (FileNotFoundError, UnicodeDecodeError):
+            with open(self.flashinfer_root / relpath, "rb") as fh:
+                return fh.read(32 << 20)
+        except OSError:
             return None
 
     def recorded_hash(self, relpath: str) -> str | None:
         return self.record.get(relpath)
 
-
-def read_record(dist: Distribution) -> dict[str, str]:
-    try:
-        text = (dist.dist_info / "RECORD").read_text(encoding="utf-8")
-    except OSError as exc:
-        raise EnvironmentProblem(
-            f"cannot read {dist.dist_info / 'RECORD'}",
-            str(exc.strerror or exc),
-            f"reinstall vllm=={dist.version}",
-        ) from None
-    hashes: dict[str, str] = {}
-    for row in csv.reader(io.StringIO(text)):
-        if len(row) >= 2 and row[1].startswith("sha256="):
-            hashes[row[0]] = row[1][len("sha256=") :]
-    return hashes
-
-
-def pinned_flashinfer(dist: Distribution) -> str | None:
-    """The FlashInfer release vLLM pins with ``flashinfer-python==X`` (no extra)."""
-    for req in dist.metadata().get_all("Requires-Dist") or []:
-        spec, _, marker = req.partition(";")
-        if "extra" in marker:
-            continue
-        m = re.fullmatch(r"\s*flashinfer[-_]python\s*\(?\s*==\s*([^\s,)]+)\s*\)?\s*", spec, re.I)
-        if m:
-            return m.group(1)
-    return None
-
-
-def interpreter_search_path(python: str) -> list[Path]:
-    """Ask another interpreter for its sys.path, without importing anything of vLLM."""
-    code = "import json, sys; print(json.dumps([p for p in sys.path if p]))"
-    try:
-        proc = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise EnvironmentProblem(f"cannot run {python}", str(exc), "pass --python a working interpreter") from None
-    if proc.returncode != 0:
-        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        raise EnvironmentProblem(f"{python} failed to report its sys.path", last, "pass --python a working interpreter")
-    return [Path(p) for p in json.loads(proc.stdout)]
+    def reinstall(self) -> str:
+        return self.target.pip(f"vllm=={self.vllm_version}", self.site_packages)
 
 
 def locate_vllm(site_packages: Path | None = None, python: str | None = None) -> Environment:
     """Find vLLM in a directory, in another interpreter's environment, or in this one."""
+    interpreter = None
     if site_packages is not None and python is not None:
         raise EnvironmentProblem("--site-packages and --python are exclusive", "", "pass one of them")
     if site_packages is not None:
-        if not site_packages.is_dir():
+        try:
+            is_dir = site_packages.is_dir()
+        except OSError as exc:
+            raise EnvironmentProblem(f"cannot use --site-packages {site_packages}", _short(exc)) from None
+        if not is_dir:
             raise EnvironmentProblem(
                 f"{site_packages} is not a directory", "", "point --site-packages at the directory holding vllm/"
             )
         search = [site_packages]
         where = str(site_packages)
+        target = Target("--site-packages", str(site_packages))
     elif python is not None:
-        search = interpreter_search_path(python)
+        interpreter = ask_interpreter(python)
+        search = list(interpreter.search_path)
         where = f"the environment of {python}"
+        target = Target("--python", python)
     else:
         search = [Path(p) for p in sys.path if p]
         where = f"the environment of {sys.executable}"
-    vllm = find_distribution("vllm", search)
-    if vllm is None or not (vllm.root / "vllm").is_dir():
+        target = Target(None)
+    vllm = find_distribution(VLLM, search, package="vllm")
+    try:
+        has_package = vllm is not None and (vllm.root / "vllm").is_dir()
+    except OSError:
+        has_package = False
+    if vllm is None or not has_package:
         raise EnvironmentProblem(
             f"no vLLM in {where}",
             "no vllm-*.dist-info with a vllm/ package beside it",
             "pip install vllm there, or pass --site-packages DIR / --python EXE",
         )
-    flashinfer = find_distribution("flashinfer-python", [vllm.root, *search])
+    flashinfer = find_distribution(FLASHINFER, [vllm.root, *search], package="flashinfer")
     if flashinfer is not None:
         fi_version, fi_source, fi_root = flashinfer.version, "installed", flashinfer.root
     else:
-        fi_version = pinned_flashinfer(vllm)
+        fi_version = flashinfer_pin(vllm.requires())
         fi_source, fi_root = ("pinned" if fi_version else None), None
+    try:
+        tree = PackageTree(vllm.root)
+    except UnsafePath as exc:
+        raise EnvironmentProblem(f"cannot open the vllm/ package in {vllm.root}", exc.why or exc.what) from None
     return Environment(
         site_packages=vllm.root,
         vllm=vllm,
         flashinfer_version=fi_version,
         flashinfer_source=fi_source,
         flashinfer_root=fi_root,
-        record=read_record(vllm),
+        record=vllm.record(),
+        tree=tree,
+        target=target,
+        interpreter=interpreter,
     )

@@ -9,6 +9,7 @@ uses ``ast`` and ``hashlib``, so the fast paths never import libcst.
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 import textwrap
 
@@ -20,13 +21,23 @@ def normalize(code: str) -> str:
 
 
 def normalize_node(node: ast.AST) -> str:
-    return ast.dump(node, annotate_fields=True, include_attributes=False)
+    """The canonical form of ``node``, computed once per node (trees are parsed once and never changed)."""
+    cached = node.__dict__.get("_patch_dsv4_normalized")
+    if cached is None:
+        cached = ast.dump(node, annotate_fields=True, include_attributes=False)
+        node._patch_dsv4_normalized = cached  # not a field: ast.dump never shows it
+    return cached
+
+
+@functools.lru_cache(maxsize=1024)
+def _statements(code: str) -> tuple[str, ...]:
+    tree = ast.parse(textwrap.dedent(code))
+    return tuple(normalize_node(stmt) for stmt in tree.body)
 
 
 def statements(code: str) -> list[str]:
     """The canonical form of each top-level statement in ``code``."""
-    tree = ast.parse(textwrap.dedent(code))
-    return [normalize_node(stmt) for stmt in tree.body]
+    return list(_statements(code))
 
 
 def digest(text: str) -> str:

@@ -8,50 +8,155 @@ tests). See ``patches/stream_load.py`` for the model to copy.
 from __future__ import annotations
 
 import ast
-from dataclasses import dataclass, field
-from typing import Callable, ClassVar, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Callable, ClassVar, Iterator, Sequence
 
+from patcher.errors import EnvironmentProblem
+from patcher.fs import DanglingLink
+from patcher.source import Source, SourceError, decode_source
 from patcher.verdicts import Outcome, Verdict
 
 
+@dataclass(frozen=True)
+class FileProblem:
+    """Why a file cannot be judged from as it is.
+
+    ``hard``: it cannot be read as Python source at all (not a regular file, a
+    link that leads nowhere or out of the package, undecodable, too big). Not
+    hard: it reads, but it is not the file pip installed (it differs from RECORD).
+    """
+
+    why: str
+    hard: bool
+
+
 @dataclass
+class _File:
+    data: bytes | None
+    source: Source | None
+    problem: FileProblem | None
+
+
 class Context:
     """What a patch may look at: the target's files and releases, never imported.
 
     ``read`` returns the text of a file of the vLLM tree (relative path, e.g.
-    ``vllm/models/deepseek_v4/common/vl_model.py``) or None when it is absent.
+    ``vllm/models/deepseek_v4/common/vl_model.py``) or None when it is absent or
+    cannot be read; :meth:`problem` says why a file cannot be judged from.
     ``read_flashinfer`` does the same for an installed FlashInfer (None when
-    FlashInfer is only pinned or absent).
+    FlashInfer is only pinned or absent). Every file is read once.
     """
 
-    vllm_version: str
-    flashinfer_version: str | None
-    flashinfer_source: str | None
-    read_file: Callable[[str], str | None]
-    read_flashinfer_file: Callable[[str], str | None] = lambda _relpath: None
-    _texts: dict[str, str | None] = field(default_factory=dict, repr=False)
-    _trees: dict[str, ast.Module | None] = field(default_factory=dict, repr=False)
+    def __init__(
+        self,
+        vllm_version: str,
+        flashinfer_version: str | None,
+        flashinfer_source: str | None,
+        read_bytes: Callable[[str], bytes | None],
+        read_flashinfer_bytes: Callable[[str], bytes | None] = lambda _relpath: None,
+        check_installed: Callable[[str, bytes | None], str | None] = lambda _relpath, _data: None,
+    ) -> None:
+        self.vllm_version = vllm_version
+        self.flashinfer_version = flashinfer_version
+        self.flashinfer_source = flashinfer_source
+        self._read_bytes = read_bytes
+        self._read_flashinfer_bytes = read_flashinfer_bytes
+        self._check_installed = check_installed
+        self._files: dict[str, _File] = {}
+        self._trees: dict[str, ast.Module | None] = {}
+        self._parsed: dict[int, tuple[str, ast.Module]] = {}
+        self._readers: list[set[str]] = []
+
+    @classmethod
+    def from_texts(cls, texts: dict[str, str], vllm_version: str = "0.0.0", flashinfer_version: str | None = None,
+                   flashinfer_source: str | None = None) -> "Context":
+        """A context over a few files given as text (examples and unit tests)."""
+        return cls(vllm_version, flashinfer_version, flashinfer_source,
+                   lambda rel: texts[rel].encode() if rel in texts else None)
+
+    def _file(self, relpath: str) -> _File:
+        for readers in self._readers:
+            readers.add(relpath)
+        if relpath in self._files:
+            return self._files[relpath]
+        data = source = problem = None
+        try:
+            data = self._read_bytes(relpath)
+        except DanglingLink as exc:
+            problem = FileProblem(str(exc), hard=True)
+        except OSError as exc:  # a directory, a device, a link loop, no permission: the tree is broken
+            raise EnvironmentProblem(
+                f"cannot read {relpath}",
+                exc.strerror or str(exc),
+                "restore the file (reinstall vLLM), then run the command again",
+            ) from None
+        if data is not None:
+            try:
+                source = decode_source(data)
+            except SourceError as exc:
+                problem = FileProblem(f"{relpath} is not readable Python source: {exc}", hard=True)
+        if problem is None:
+            why = self._check_installed(relpath, data)
+            if why is not None:
+                problem = FileProblem(why, hard=False)
+        self._files[relpath] = _File(data if problem is None or not problem.hard else None, source, problem)
+        return self._files[relpath]
 
     def read(self, relpath: str) -> str | None:
-        if relpath not in self._texts:
-            self._texts[relpath] = self.read_file(relpath)
-        return self._texts[relpath]
+        found = self._file(relpath)
+        return found.source.text if found.source is not None else None
 
-    def read_flashinfer(self, relpath: str) -> str | None:
-        return self.read_flashinfer_file(relpath)
+    def source(self, relpath: str) -> Source | None:
+        return self._file(relpath).source
+
+    def raw(self, relpath: str) -> bytes | None:
+        return self._file(relpath).data
+
+    def problem(self, relpath: str) -> FileProblem | None:
+        return self._file(relpath).problem
+
+    def parse(self, text: str) -> ast.Module:
+        """``ast.parse(text)``, each distinct text parsed once (SyntaxError propagates)."""
+        key = hash(text)
+        cached = self._parsed.get(key)
+        if cached is None or cached[0] != text:
+            cached = self._parsed[key] = (text, ast.parse(text))
+        return cached[1]
 
     def ast(self, relpath: str) -> ast.Module | None:
         """The parsed file, or None when absent or not valid Python."""
         if relpath not in self._trees:
             text = self.read(relpath)
             try:
-                self._trees[relpath] = None if text is None else ast.parse(text)
-            except SyntaxError:
+                self._trees[relpath] = None if text is None else self.parse(text)
+            except (SyntaxError, ValueError, RecursionError, MemoryError):
                 self._trees[relpath] = None
+        else:
+            self._file(relpath)  # count the read for whoever asks
         return self._trees[relpath]
 
+    def read_flashinfer(self, relpath: str) -> str | None:
+        data = self._read_flashinfer_bytes(relpath)
+        if data is None:
+            return None
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+
     def files_read(self) -> list[str]:
-        return sorted(self._texts)
+        return sorted(self._files)
+
+    @contextmanager
+    def recording(self) -> Iterator[set[str]]:
+        """Collect the files read inside the block (a patch's judgement reads them)."""
+        reads: set[str] = set()
+        self._readers.append(reads)
+        try:
+            yield reads
+        finally:
+            self._readers.remove(reads)
 
 
 @dataclass(frozen=True)

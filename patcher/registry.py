@@ -43,3 +43,30 @@ def discover_examples() -> list[tuple[Patch, Example]]:
         for example in getattr(module, "EXAMPLES", ()):
             pairs.append((patches_by_module[module.__name__], example))
     return pairs
+
+
+def declared_files(patches: list[Patch]) -> frozenset[str]:
+    """Every file the patches edit: the only files a state may name."""
+    from patcher.patch import Context
+
+    empty = Context.from_texts({})
+    return frozenset(edit.file for patch in patches for edit in patch.edits(empty))
+
+
+def patch_digest() -> str:
+    """A hash of the patch definitions and the engine that judges them.
+
+    verify's fast path trusts recorded verdicts only if they were made by the
+    same definitions; the package version does not change between commits.
+    """
+    import hashlib
+    from pathlib import Path
+
+    import patcher
+    import patches
+
+    digest = hashlib.sha256(patcher.__version__.encode())
+    for package in (patcher, patches):
+        for path in sorted(Path(package.__file__).parent.glob("*.py")):
+            digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()

@@ -1,11 +1,11 @@
 """A vLLM release to judge without installing or importing it: a wheel, or a source tree.
 
 ``drift`` and ``anchors record`` judge a release through the same
-:class:`patcher.patch.Context` as ``status``; only ``read_file`` differs. A
+:class:`patcher.patch.Context` as ``status``; only ``read_bytes`` differs. A
 wheel is read member by member from the zip (only the files the patches ask
 for are decompressed), a source tree file by file. The vLLM version and the
 FlashInfer release it pins come from the dist-info METADATA, parsed by
-:func:`patcher.environment.pinned_flashinfer`, as for an installed vLLM.
+:func:`patcher.environment.flashinfer_pin`, as for an installed vLLM.
 
 Fetching a release by version goes through pip (its configured index, plus any
 options the user passes), into a cache of wheels.
@@ -21,7 +21,6 @@ import subprocess
 import sys
 import zipfile
 from dataclasses import dataclass, field
-from email.message import Message
 from email.parser import HeaderParser
 from pathlib import Path
 from typing import Callable, Sequence
@@ -29,8 +28,11 @@ from typing import Callable, Sequence
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
-from patcher.environment import canonical_name, find_distribution, locate_vllm, pinned_flashinfer
+from packaging.utils import canonicalize_name
+
+from patcher.environment import find_distribution, flashinfer_pin, locate_vllm
 from patcher.errors import EnvironmentProblem
+from patcher.fs import PackageTree, UnsafePath
 from patcher.patch import Context
 
 VLLM = "vllm"
@@ -47,11 +49,10 @@ class ReleaseTarget:
     vllm_version: str
     flashinfer_version: str | None
     flashinfer_source: str | None  # "installed" | "pinned" | None
-    read_file: Callable[[str], str | None]
-    read_flashinfer_file: Callable[[str], str | None] = lambda _relpath: None
+    read_bytes: Callable[[str], bytes | None]
+    read_flashinfer_bytes: Callable[[str], bytes | None] = lambda _relpath: None
     notes: list[str] = field(default_factory=list)  # what was chosen, and from where
     flashinfer_given: bool = False  # --flashinfer-version replaced the release's own
-    read_bytes: Callable[[str], bytes | None] = lambda _relpath: None
     _close: Callable[[], None] = lambda: None
 
     def context(self) -> Context:
@@ -59,8 +60,8 @@ class ReleaseTarget:
             vllm_version=self.vllm_version,
             flashinfer_version=self.flashinfer_version,
             flashinfer_source=self.flashinfer_source,
-            read_file=self.read_file,
-            read_flashinfer_file=self.read_flashinfer_file,
+            read_bytes=self.read_bytes,
+            read_flashinfer_bytes=self.read_flashinfer_bytes,
         )
 
     def close(self) -> None:
@@ -73,25 +74,6 @@ class ReleaseTarget:
         self.close()
 
 
-class _MetadataOnly:
-    """Just enough of :class:`patcher.environment.Distribution` for ``pinned_flashinfer``."""
-
-    def __init__(self, message: Message) -> None:
-        self._message = message
-
-    def metadata(self) -> Message:
-        return self._message
-
-
-def _decode(data: bytes | None) -> str | None:
-    if data is None:
-        return None
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        return None
-
-
 def _override_flashinfer(target: ReleaseTarget, flashinfer_version: str | None) -> ReleaseTarget:
     if flashinfer_version is None:
         return target
@@ -101,7 +83,7 @@ def _override_flashinfer(target: ReleaseTarget, flashinfer_version: str | None) 
     # Judged by its release number, as a pinned FlashInfer is (patches know "installed" and "pinned").
     target.flashinfer_source = "pinned"
     target.flashinfer_given = True
-    target.read_flashinfer_file = lambda _relpath: None
+    target.read_flashinfer_bytes = lambda _relpath: None
     return target
 
 
@@ -136,7 +118,7 @@ def _wheel_target(path: Path, archive: zipfile.ZipFile) -> ReleaseTarget:
     name, version = message.get("Name"), message.get("Version")
     if not name or not version:
         raise EnvironmentProblem(f"{path} is not a wheel", f"{metadata[0]} has no Name or Version", "")
-    if canonical_name(name) != VLLM:
+    if canonicalize_name(name) != VLLM:
         raise EnvironmentProblem(
             f"{path} is a wheel of {name} {version}, not of vLLM", "", "pass a vllm-*.whl file"
         )
@@ -153,7 +135,7 @@ def _wheel_target(path: Path, archive: zipfile.ZipFile) -> ReleaseTarget:
         member = members.get(relpath)
         return None if member is None else archive.read(member)
 
-    pinned = pinned_flashinfer(_MetadataOnly(message))
+    pinned = flashinfer_pin(message.get_all("Requires-Dist") or [])
     notes = [
         f"vLLM {version} from {metadata[0]} in {path.name}",
         f"FlashInfer {pinned} pinned by {metadata[0]}" if pinned else f"{metadata[0]} pins no FlashInfer",
@@ -163,7 +145,6 @@ def _wheel_target(path: Path, archive: zipfile.ZipFile) -> ReleaseTarget:
         vllm_version=version,
         flashinfer_version=pinned,
         flashinfer_source="pinned" if pinned else None,
-        read_file=lambda relpath: _decode(read_bytes(relpath)),
         read_bytes=read_bytes,
         notes=notes,
         _close=archive.close,
@@ -209,20 +190,25 @@ def open_source(
             f"no vllm/ package under {root}", "no vllm/__init__.py there", "pass the directory that holds vllm/"
         )
 
+    try:
+        tree = PackageTree(root)
+    except UnsafePath as exc:
+        raise EnvironmentProblem(f"cannot open {root / 'vllm'}", exc.why or exc.what) from None
+
     def read_bytes(relpath: str) -> bytes | None:
         try:
-            return (root / relpath).read_bytes()
-        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            return tree.read(relpath)
+        except (FileNotFoundError, NotADirectoryError):
             return None
 
     notes: list[str] = []
-    dist = find_distribution(VLLM, [root])
+    dist = find_distribution(VLLM, [root], package="vllm")
     if dist is not None:
         # An installed tree: FlashInfer exactly as status sees it (installed beside vLLM, else pinned).
         env = locate_vllm(site_packages=root)
         version, fi_version, fi_source = env.vllm_version, env.flashinfer_version, env.flashinfer_source
         read_flashinfer = env.read_flashinfer
-        where = f"{dist.dist_info.name}/METADATA"
+        where = f"the vllm {dist.version} dist-info"
         if vllm_version is not None and vllm_version != version:
             notes.append(f"vLLM {vllm_version} from --vllm-version ({where} says {version})")
             version = vllm_version
@@ -255,9 +241,8 @@ def open_source(
         vllm_version=version,
         flashinfer_version=fi_version,
         flashinfer_source=fi_source,
-        read_file=lambda relpath: _decode(read_bytes(relpath)),
-        read_flashinfer_file=read_flashinfer,
         read_bytes=read_bytes,
+        read_flashinfer_bytes=read_flashinfer,
         notes=notes,
     )
     return _override_flashinfer(target, flashinfer_version)

@@ -1,123 +1,47 @@
-"""What patch-dsv4 keeps in the target environment, and how it writes files.
+"""What patch-dsv4 keeps in the target environment: the manifest, the backups, the lock.
 
 Layout, inside the site-packages directory that holds vllm/:
 
-    .patch-dsv4.lock              one lock per environment (removed by revert)
+    .patch-dsv4.lock              one lock per environment (removed by every command)
     .patch-dsv4/manifest.json     the Manifest (schema-versioned JSON)
     .patch-dsv4/backups/<path>    each patched file as it was before we wrote it
     .patch-dsv4/staged/<path>     new contents, only while an apply is in flight
 
-Every file is written as temp file + fsync + os.replace, so a reader (or a
-killed writer) only ever sees the old or the new bytes. A multi-file change is
-journalled in the manifest before the first target file is replaced; the next
-run rolls it forward (apply) or finishes it (revert).
+Nothing in the state is trusted: a manifest is read whole and checked field by
+field (every path relative, normalised and one of the files the patches
+declare) before anything acts on it, and the state directory, its parts and the
+backups must be real directories and regular files, never symlinks. A state
+that breaks any rule is unreadable: exit 2, nothing written, nothing deleted.
 """
 
 from __future__ import annotations
 
 import errno
 import fcntl
-import hashlib
 import json
+import math
 import os
-import shutil
+import re
+import stat
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterable, Iterator
 
 from patcher.errors import EnvironmentProblem
+from patcher.fs import Dir, Owner, UnsafePath, checked_relpath, describe, is_temp_name
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+READABLE_SCHEMAS = (1, 2)  # 1: written by patch-dsv4 before the patch digest was recorded
 STATE_DIR = ".patch-dsv4"
 LOCK_FILE = ".patch-dsv4.lock"
-
-# Tests set this to a callable(step_name) to simulate a crash between steps.
-_fault_hook = None
-
-
-def _step(name: str) -> None:
-    if _fault_hook is not None:
-        _fault_hook(name)
+MANIFEST = "manifest.json"
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_VERDICTS = ("applied", "pending", "upstream", "not-applicable", "drifted", "modified", "opt-in")
+FILE_MODE, DIR_MODE = 0o644, 0o755
 
 
-def sha256_bytes(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def sha256_path(path: Path) -> str | None:
-    try:
-        return sha256_bytes(path.read_bytes())
-    except FileNotFoundError:
-        return None
-
-
-# -- atomic file operations ---------------------------------------------------
-def _fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _temp_name(path: Path, tag: str) -> Path:
-    return path.with_name(f".{path.name}.patch-dsv4-{tag}.tmp")
-
-
-def remove_temp_files(path: Path) -> None:
-    """Remove what a killed atomic_write of ``path`` may have left beside it."""
-    for tmp in path.parent.glob(_temp_name(path, "*").name):
-        tmp.unlink(missing_ok=True)
-
-
-def atomic_write(path: Path, data: bytes, mode: int | None = None) -> None:
-    """Replace ``path`` with ``data``: readers see the old or the new file, never a mix."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _temp_name(path, str(os.getpid()))
-    if mode is None:
-        try:
-            mode = path.stat().st_mode & 0o7777
-        except FileNotFoundError:
-            mode = 0o644
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            _step(f"write:{path.name}")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, mode)
-        _step(f"replace:{path.name}")
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
-
-
-def remove_bytecode(source: Path) -> None:
-    """Remove every cached .pyc of ``source``: an unchecked-hash .pyc is never revalidated."""
-    stem = source.stem
-    cache = source.parent / "__pycache__"
-    if cache.is_dir():
-        for pyc in cache.glob(f"{stem}.*.pyc"):
-            if pyc.name.split(".")[0] == stem:
-                pyc.unlink(missing_ok=True)
-    source.with_suffix(".pyc").unlink(missing_ok=True)
-
-
-def replace_source(path: Path, data: bytes) -> None:
-    remove_bytecode(path)
-    atomic_write(path, data)
-    remove_bytecode(path)
-
-
-# -- the manifest ---------------------------------------------------------------
 @dataclass
 class FileEntry:
     before: str  # sha256 of the file as installed (what the backup holds)
@@ -130,97 +54,330 @@ class Manifest:
     vllm_version: str
     tool_version: str
     files: dict[str, FileEntry] = field(default_factory=dict)
-    # The judgement the last write was based on, for verify's fast path:
-    # per patch id its verdict, and the sha256 of every file that judgement read.
+    # The judgement the last write was based on, for verify's fast path: per
+    # patch id its verdict, the sha256 of every file that judgement read, the
+    # FlashInfer it saw, and the digest of the patch definitions that made it.
     verdicts: dict[str, dict] = field(default_factory=dict)
     inputs: dict[str, str | None] = field(default_factory=dict)
     flashinfer: dict[str, str | None] = field(default_factory=dict)
+    patch_digest: str | None = None
+    opt_in: list[str] = field(default_factory=list)  # opt-in patches asked for with `apply --with`
     transaction: dict | None = None
     schema: int = SCHEMA_VERSION
 
     def to_json(self) -> str:
-        data = asdict(self)
+        data = {
+            "schema": SCHEMA_VERSION,
+            "vllm_version": self.vllm_version,
+            "tool_version": self.tool_version,
+            "files": {
+                rel: {"before": e.before, "after": e.after, "patches": list(e.patches)} for rel, e in self.files.items()
+            },
+            "verdicts": self.verdicts,
+            "inputs": self.inputs,
+            "flashinfer": self.flashinfer,
+            "patch_digest": self.patch_digest,
+            "opt_in": list(self.opt_in),
+            "transaction": self.transaction,
+        }
         return json.dumps(data, indent=2, sort_keys=True) + "\n"
 
-    @classmethod
-    def from_json(cls, text: str, where: Path) -> "Manifest":
-        try:
-            data = json.loads(text)
-            if not isinstance(data, dict):
-                raise ValueError("not a JSON object")
-            if data.get("schema") != SCHEMA_VERSION:
-                raise ValueError(f"schema {data.get('schema')!r}, this tool reads {SCHEMA_VERSION}")
-            files = {k: FileEntry(**v) for k, v in data["files"].items()}
-            return cls(
-                vllm_version=str(data["vllm_version"]),
-                tool_version=str(data["tool_version"]),
-                files=files,
-                verdicts=dict(data.get("verdicts", {})),
-                inputs=dict(data.get("inputs", {})),
-                flashinfer=dict(data.get("flashinfer", {})),
-                transaction=data.get("transaction"),
-            )
-        except (ValueError, KeyError, TypeError) as exc:
-            raise EnvironmentProblem(
-                f"unreadable state {where}",
-                f"{exc}",
-                f"inspect it; if vLLM is pristine, remove {where.parent} and run patch-dsv4 status",
-            ) from None
+
+class _Invalid(ValueError):
+    pass
+
+
+def _expect(cond: bool, what: str) -> None:
+    if not cond:
+        raise _Invalid(what)
+
+
+def _str(value, what: str, optional: bool = False):
+    _expect(isinstance(value, str) or (optional and value is None), f"{what} is not a string")
+    return value
+
+
+def _sha(value, what: str, optional: bool = False):
+    _expect(
+        (isinstance(value, str) and _SHA256.fullmatch(value) is not None) or (optional and value is None),
+        f"{what} is not a sha256",
+    )
+    return value
+
+
+def _obj(value, what: str) -> dict:
+    _expect(isinstance(value, dict), f"{what} is not an object")
+    return value
+
+
+def _declared(rel, declared: frozenset[str], what: str) -> str:
+    try:
+        checked_relpath(rel, what)
+    except UnsafePath as exc:
+        raise _Invalid(exc.what) from None
+    _expect(rel in declared, f"{what} {rel!r} is not a file any patch edits")
+    return rel
+
+
+def _source_path(rel, what: str) -> str:
+    try:
+        parts = checked_relpath(rel, what)
+    except UnsafePath as exc:
+        raise _Invalid(exc.what) from None
+    _expect(parts[0] == "vllm" and rel.endswith(".py"), f"{what} {rel!r} is not a source file of vllm/")
+    return rel
+
+
+def parse_manifest(text: str, declared: Iterable[str], patch_ids: Iterable[str]) -> Manifest:
+    """The Manifest in ``text``, checked field by field; ValueError naming the first problem."""
+    declared = frozenset(declared)
+    ids = frozenset(patch_ids)
+    data = _obj(json.loads(text), "the manifest")
+    _expect(data.get("schema") in READABLE_SCHEMAS, f"schema {data.get('schema')!r}, this tool reads {READABLE_SCHEMAS}")
+    files = {}
+    for rel, entry in _obj(data.get("files"), "files").items():
+        _declared(rel, declared, "file")
+        entry = _obj(entry, f"files[{rel}]")
+        patches = entry.get("patches")
+        _expect(isinstance(patches, list) and all(p in ids for p in patches), f"files[{rel}].patches names unknown patches")
+        files[rel] = FileEntry(_sha(entry.get("before"), "before"), _sha(entry.get("after"), "after"), list(patches))
+    verdicts = {}
+    for pid, v in _obj(data.get("verdicts", {}), "verdicts").items():
+        v = _obj(v, f"verdicts[{pid}]")
+        _expect(pid in ids, f"verdicts names unknown patch {pid!r}")
+        _expect(v.get("verdict") in _VERDICTS, f"verdicts[{pid}].verdict is not a verdict")
+        _str(v.get("title"), "title")
+        _str(v.get("detail"), "detail")
+        _expect(isinstance(v.get("files"), list), f"verdicts[{pid}].files is not a list")
+        for rel in v["files"]:
+            _declared(rel, declared, "verdict file")
+        verdicts[pid] = v
+    inputs = {
+        _source_path(rel, "input"): _sha(sha, f"inputs[{rel}]", optional=True)
+        for rel, sha in _obj(data.get("inputs", {}), "inputs").items()
+    }
+    flashinfer = _obj(data.get("flashinfer", {}), "flashinfer")
+    for key, value in flashinfer.items():
+        _expect(key in ("version", "source"), f"flashinfer has an unknown key {key!r}")
+        _str(value, f"flashinfer.{key}", optional=True)
+    opt_in = data.get("opt_in", [])
+    _expect(isinstance(opt_in, list) and all(p in ids for p in opt_in), "opt_in names unknown patches")
+    transaction = data.get("transaction")
+    if transaction is not None:
+        transaction = _obj(transaction, "transaction")
+        _expect(transaction.get("op") in ("apply", "revert"), f"unknown journal operation {transaction.get('op')!r}")
+        moves = _obj(transaction.get("files"), "transaction.files")
+        for rel, move in moves.items():
+            _declared(rel, declared, "journal file")
+            move = _obj(move, f"transaction.files[{rel}]")
+            _sha(move.get("from"), f"transaction.files[{rel}].from")
+            _sha(move.get("to"), f"transaction.files[{rel}].to")
+            _expect(rel in files, f"the journal moves {rel}, which the manifest does not list")
+    return Manifest(
+        vllm_version=_str(data.get("vllm_version"), "vllm_version"),
+        tool_version=_str(data.get("tool_version"), "tool_version"),
+        files=files,
+        verdicts=verdicts,
+        inputs=inputs,
+        flashinfer=dict(flashinfer),
+        patch_digest=_str(data.get("patch_digest"), "patch_digest", optional=True),
+        opt_in=list(opt_in),
+        transaction=transaction,
+        schema=data["schema"],
+    )
 
 
 class StateStore:
-    """The state directory of one environment."""
+    """The state directory of one environment, reached without following symlinks.
 
-    def __init__(self, site_packages: Path) -> None:
+    ``declared`` is every file the patches edit: the only paths a manifest may
+    name. ``owner`` is who the state files belong to: the owner of the site
+    directory, so that the environment's owner can revert what root applied.
+    """
+
+    def __init__(self, site_packages: Path, declared: Iterable[str], patch_ids: Iterable[str]) -> None:
         self.root = site_packages
-        self.dir = site_packages / STATE_DIR
-        self.manifest_path = self.dir / "manifest.json"
+        self.dir_path = site_packages / STATE_DIR
+        self.manifest_path = self.dir_path / MANIFEST
         self.lock_path = site_packages / LOCK_FILE
-
-    def backup_path(self, relpath: str) -> Path:
-        return self.dir / "backups" / relpath
-
-    def staged_path(self, relpath: str) -> Path:
-        return self.dir / "staged" / relpath
-
-    def load(self) -> Manifest | None:
+        self.declared = frozenset(declared)
+        self.patch_ids = frozenset(patch_ids)
         try:
-            text = self.manifest_path.read_text(encoding="utf-8")
-        except FileNotFoundError:
+            st = os.stat(site_packages)
+        except OSError as exc:
+            raise EnvironmentProblem(f"cannot read {site_packages}", exc.strerror or str(exc)) from None
+        self.owner = Owner(st.st_uid, st.st_gid, FILE_MODE)
+        self.dir_owner = Owner(st.st_uid, st.st_gid, DIR_MODE)
+
+    # -- directories ------------------------------------------------------------
+    def _site(self) -> Dir:
+        return Dir.open(self.root)
+
+    def unreadable(self, why: str) -> EnvironmentProblem:
+        return EnvironmentProblem(
+            f"unreadable state {self.dir_path}",
+            why,
+            f"inspect it; if vLLM is pristine, remove {self.dir_path} and run patch-dsv4 status",
+        )
+
+    def state_dir(self, create: bool = False) -> Dir | None:
+        """The state directory itself; a symlink there is refused."""
+        with self._site() as site:
+            try:
+                return site.child(STATE_DIR, DIR_MODE if create else None, self.dir_owner)
+            except UnsafePath as exc:
+                raise self.unreadable(exc.why or exc.what) from None
+
+    def exists(self) -> bool:
+        with self._site() as site:
+            return site.lstat(STATE_DIR) is not None
+
+    def copy_dir(self, kind: str, relpath: str, create: bool = False) -> tuple[Dir | None, str]:
+        """The directory holding the ``kind`` ("backups" or "staged") copy of ``relpath``."""
+        parts = checked_relpath(relpath)
+        state = self.state_dir(create)
+        if state is None:
+            return None, parts[-1]
+        with state:
+            try:
+                return state.walk_to((kind, *parts[:-1]), DIR_MODE if create else None, self.dir_owner), parts[-1]
+            except UnsafePath as exc:
+                raise self.unreadable(exc.why or exc.what) from None
+
+    def read_copy(self, kind: str, relpath: str) -> bytes | None:
+        """The bytes of a backup or staged copy: a regular file inside the state, never a link."""
+        directory, name = self.copy_dir(kind, relpath)
+        if directory is None:
             return None
-        except (OSError, UnicodeDecodeError) as exc:
-            raise EnvironmentProblem(
-                f"unreadable state {self.manifest_path}", str(exc), f"inspect or remove {self.dir}"
-            ) from None
-        return Manifest.from_json(text, self.manifest_path)
+        with directory:
+            try:
+                return directory.read_bytes(name)
+            except FileNotFoundError:
+                return None
+            except OSError as exc:
+                raise self.unreadable(f"the {kind} copy of {relpath} is {describe(exc)}") from None
+
+    def write_copy(self, kind: str, relpath: str, data: bytes) -> None:
+        directory, name = self.copy_dir(kind, relpath, create=True)
+        with directory:
+            directory.write_atomic(name, data, self.owner)
+
+    def remove_copy(self, kind: str, relpath: str) -> None:
+        directory, name = self.copy_dir(kind, relpath)
+        if directory is not None:
+            with directory:
+                directory.unlink(name)
+
+    # -- the manifest -------------------------------------------------------------
+    def load(self) -> Manifest | None:
+        state = self.state_dir()
+        if state is None:
+            return None
+        with state:
+            try:
+                data = state.read_bytes(MANIFEST, limit=64 << 20)
+            except FileNotFoundError:
+                return None
+            except OSError as exc:
+                raise self.unreadable(f"{MANIFEST}: {exc.strerror or exc}") from None
+        try:
+            return parse_manifest(data.decode("utf-8"), self.declared, self.patch_ids)
+        except (ValueError, RecursionError) as exc:  # JSON, UTF-8 and field errors are all ValueErrors
+            raise self.unreadable(f"{MANIFEST}: {_short(exc)}") from None
+
+    def manifest_exists(self) -> bool:
+        state = self.state_dir()
+        if state is None:
+            return False
+        with state:
+            return state.lstat(MANIFEST) is not None
+
+    def remove_stray_temps(self) -> None:
+        """Temp files a killed writer left anywhere in the state directory (all of it is ours)."""
+        state = self.state_dir()
+        if state is not None:
+            self._remove_temps(state)
+
+    def _remove_temps(self, directory: Dir) -> None:
+        with directory:
+            for name in directory.names():
+                st = directory.lstat(name)
+                if st is None:
+                    continue
+                if stat.S_ISDIR(st.st_mode):
+                    self._remove_temps(directory.child(name))
+                elif stat.S_ISREG(st.st_mode) and is_temp_name(name):
+                    directory.unlink(name)
 
     def save(self, manifest: Manifest) -> None:
-        atomic_write(self.manifest_path, manifest.to_json().encode())
+        state = self.state_dir(create=True)
+        with state:
+            state.write_atomic(MANIFEST, manifest.to_json().encode(), self.owner)
 
     def remove(self) -> None:
-        """Drop the whole state: manifest first, so a crash leaves no half state behind."""
-        self.manifest_path.unlink(missing_ok=True)
-        _fsync_dir(self.dir) if self.dir.exists() else None
-        shutil.rmtree(self.dir, ignore_errors=True)
+        """Drop the whole state, manifest first, so that a crash never leaves a manifest without its backups."""
+        state = self.state_dir()
+        if state is None:
+            return
+        with state:
+            state.unlink(MANIFEST)
+            state.fsync()
+        with self._site() as site:
+            site.remove_tree(STATE_DIR)
 
     def clear_staged(self) -> None:
-        shutil.rmtree(self.dir / "staged", ignore_errors=True)
+        state = self.state_dir()
+        if state is not None:
+            with state:
+                state.remove_tree("staged")
 
+    def copies(self, kind: str) -> list[str]:
+        """Relative paths of every regular file under backups/ or staged/ (links are reported as unreadable)."""
+        state = self.state_dir()
+        if state is None:
+            return []
+        found: list[str] = []
+        with state:
+            top = state.child(kind) if state.lstat(kind) is not None else None
+            if top is None:
+                return []
+            self._collect(top, (), found)
+        return found
+
+    def _collect(self, directory: Dir, prefix: tuple[str, ...], found: list[str]) -> None:
+        with directory:
+            for name in directory.names():
+                st = directory.lstat(name)
+                if st is None:
+                    continue
+                if stat.S_ISDIR(st.st_mode):
+                    self._collect(directory.child(name), (*prefix, name), found)
+                elif is_temp_name(name):
+                    continue  # a killed writer's temp file: recovery removes it
+                elif stat.S_ISREG(st.st_mode):
+                    found.append("/".join((*prefix, name)))
+                else:
+                    raise self.unreadable(f"{'/'.join((*prefix, name))} is not a regular file")
+
+    # -- the lock ---------------------------------------------------------------------
     @contextmanager
-    def lock(self, timeout: float) -> Iterator[None]:
+    def lock(self, timeout: float, on_wait: Callable[[str], None] | None = None) -> Iterator[None]:
         """An exclusive lock on this environment, waited on up to ``timeout`` seconds.
 
-        The lock file may be unlinked by a revert while others wait on it, so
-        after taking the lock we check that the path still names the file we hold.
+        The lock file holds the holder's pid and start time, so that a waiter
+        can say who it waits for (``on_wait`` is called once, after a second).
+        A revert may unlink the file while others wait on it: after taking the
+        lock we check that the path still names the file we hold.
         """
+        if not (isinstance(timeout, (int, float)) and math.isfinite(timeout) and timeout >= 0):
+            raise EnvironmentProblem(
+                f"--lock-timeout {timeout} is not a number of seconds", "it must be finite and not negative", "e.g. --lock-timeout 300"
+            )
         deadline = time.monotonic() + timeout
+        told = False
+        started = time.monotonic()
         while True:
-            try:
-                fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-            except OSError as exc:
-                raise EnvironmentProblem(
-                    f"cannot create the lock {self.lock_path}", exc.strerror or str(exc), "check the permissions"
-                ) from None
+            fd = self._open_lock()
             while True:
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -229,25 +386,76 @@ class StateStore:
                     if exc.errno not in (errno.EAGAIN, errno.EACCES):
                         os.close(fd)
                         raise
+                    if on_wait is not None and not told and time.monotonic() - started >= 1.0:
+                        told = True
+                        on_wait(self._holder(fd))
                     if time.monotonic() >= deadline:
                         os.close(fd)
                         raise EnvironmentProblem(
                             f"lock {self.lock_path} not obtained within {timeout:g} s",
-                            "another patch-dsv4 holds it",
+                            f"held by {self._holder(fd)}",
                             "wait for it, or raise --lock-timeout",
                         ) from None
                     time.sleep(0.05)
             try:
-                same = os.fstat(fd).st_ino == os.stat(self.lock_path).st_ino
+                same = os.fstat(fd).st_ino == os.stat(self.lock_path, follow_symlinks=False).st_ino
             except FileNotFoundError:
                 same = False
             if same:
                 break
             os.close(fd)
         try:
+            self._write_holder(fd)
             yield
         finally:
             # Leave nothing behind. Safe while we hold the lock: a waiter that
             # opened this file notices the unlinked inode above and starts over.
-            self.lock_path.unlink(missing_ok=True)
+            try:
+                os.unlink(self.lock_path)
+            except FileNotFoundError:
+                pass
             os.close(fd)
+
+    def _open_lock(self) -> int:
+        flags = os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+        try:
+            try:
+                fd = os.open(self.lock_path, os.O_RDWR | flags, FILE_MODE)
+            except PermissionError:
+                fd = os.open(self.lock_path, os.O_RDONLY | flags, FILE_MODE)  # flock needs no write access
+        except OSError as exc:
+            why = "it is a symbolic link" if exc.errno == errno.ELOOP else exc.strerror or str(exc)
+            raise EnvironmentProblem(f"cannot open the lock {self.lock_path}", why, "check the permissions") from None
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            os.close(fd)
+            raise EnvironmentProblem(f"cannot use the lock {self.lock_path}", "it is not a regular file", f"remove {self.lock_path}")
+        if os.geteuid() == 0 and (st.st_uid, st.st_gid) != (self.owner.uid, self.owner.gid) and st.st_size == 0:
+            try:
+                os.fchown(fd, self.owner.uid, self.owner.gid)
+            except OSError:
+                pass
+        return fd
+
+    def _write_holder(self, fd: int) -> None:
+        text = f"pid {os.getpid()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode()
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, text, 0)
+        except OSError:  # a read-only lock file still locks; the holder is just not named
+            pass
+
+    @staticmethod
+    def _holder(fd: int) -> str:
+        try:
+            text = os.pread(fd, 200, 0).decode("utf-8", "replace").strip()
+        except OSError:
+            text = ""
+        return text or "another patch-dsv4 process"
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc) if not isinstance(exc, RecursionError) else "nested too deeply"
+    return text if len(text) <= 160 else text[:157] + "..."
+
+

@@ -117,7 +117,7 @@ def _probe_for(cls: str):
         if text is None:
             return None
         try:
-            method = find_scope(ast.parse(text), cls, "_o_proj")
+            method = find_scope(ctx.parse(text), cls, "_o_proj")
         except SyntaxError:
             return None
         if method is None:

@@ -209,7 +209,7 @@ def _probe_draft_gate_bias(ctx: Context, text: str | None) -> Outcome | None:
         return None
     evidence = _moe_homes(ctx)
     try:
-        tree = ast.parse(text)
+        tree = ctx.parse(text)
     except SyntaxError:
         return None
     reuses_target_layers = any(

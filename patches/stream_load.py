@@ -70,7 +70,7 @@ def _probe(ctx: Context, text: str | None) -> Outcome | None:
     if text is None:
         return Outcome.not_applicable(f"no vision class in this release ({VL_MODEL} is absent)")
     try:
-        tree = ast.parse(text)
+        tree = ctx.parse(text)
     except SyntaxError:
         return None
     if find_scope(tree, VISION_CLASS, None) is None:

@@ -264,7 +264,7 @@ def _narrow_prefill_rows(ctx: Context) -> bool:
     if text is None:
         return False
     try:
-        tree = ast.parse(text)
+        tree = ctx.parse(text)
     except SyntaxError:
         return False
     return not any(

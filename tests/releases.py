@@ -197,3 +197,21 @@ def content_snapshot(tree: Path, under: str = DSV4) -> dict[str, str]:
         if p.is_file() and "__pycache__" not in p.parts:
             snap[str(p.relative_to(tree))] = hashlib.sha256(p.read_bytes()).hexdigest()
     return snap
+
+
+def minimal_tree(version: str, dest: Path) -> Path:
+    """A real, self-contained install of ``version`` holding only what patch-dsv4 reads.
+
+    The dist-info (RECORD untouched), the DeepSeek-V4 package and every file a
+    judgement of this release reads (anchors/ lists them), extracted from the
+    wheel as regular files: a tree another user can read in full.
+    """
+    from patcher import anchors_store
+
+    read = set(anchors_store.load(version)["files"])
+    dest.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(wheel("vllm", version)) as zf:
+        for name in zf.namelist():
+            if ".dist-info/" in name or name.startswith(DSV4 + "/") or name in read or name == "vllm/__init__.py":
+                zf.extract(name, dest)
+    return dest

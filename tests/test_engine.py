@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from patcher import engine
+from patcher import commands
 from patcher.edits import ReplaceStatements, Scope
 from patcher.patch import Edit, Patch
 from patcher.verdicts import Outcome, Verdict
@@ -136,7 +136,7 @@ class _NotIdempotent(Patch):
 
 
 def test_non_idempotent_transform_caught_before_writing(make_tree, cli, monkeypatch):
-    monkeypatch.setattr(engine, "discover_patches", lambda: [_NotIdempotent()])
+    monkeypatch.setattr(commands, "discover_patches", lambda: [_NotIdempotent()])
     tree = make_tree("0.30.0")
     before = stat_snapshot(tree)
     result = cli("apply", "--site-packages", tree)
@@ -164,7 +164,7 @@ class _AnchorSurvives(Patch):
 
 
 def test_replacement_without_marker_is_not_taken_as_ours(make_tree, cli, monkeypatch):
-    monkeypatch.setattr(engine, "discover_patches", lambda: [_AnchorSurvives()])
+    monkeypatch.setattr(commands, "discover_patches", lambda: [_AnchorSurvives()])
     tree = make_tree("0.30.0")
     assert cli("apply", "--site-packages", tree).code == 0
     again = cli("status", "--site-packages", tree, "--json")
@@ -225,7 +225,7 @@ class _AssignHelper(Patch):
 
 
 def test_assignment_helpers_are_inserted_and_recognised(make_tree, cli, monkeypatch):
-    monkeypatch.setattr(engine, "discover_patches", lambda: [_AssignHelper()])
+    monkeypatch.setattr(commands, "discover_patches", lambda: [_AssignHelper()])
     tree = make_tree("0.30.0")
     assert cli("apply", "--site-packages", tree).code == 0
     assert "\n_patch_dsv4_ON = True\n" in (tree / VL_MODEL).read_text()
@@ -236,7 +236,7 @@ def test_assignment_helpers_are_inserted_and_recognised(make_tree, cli, monkeypa
 @pytest.mark.parametrize("version,problem", [("0.28.0", False), ("0.29.0", True)])
 def test_injected_constructor_call_binds_to_the_release(version, problem, make_tree):
     """0.29.0 dropped AutoWeightsLoader's skip_substrs: injected code using it must not fit there."""
-    from patcher.engine import context_for
+    from patcher.commands import context_for
     from patcher.environment import locate_vllm
     from patcher.resolve import check_injected
 

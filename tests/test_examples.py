@@ -12,11 +12,11 @@ CASES = [pytest.param(patch, ex, id=f"{patch.id}:{ex.name}") for patch, ex in di
 
 
 def _judge(patch, example, text):
-    ctx = Context(
+    ctx = Context.from_texts(
+        {example.file: text},
         vllm_version=example.vllm_version,
         flashinfer_version=example.flashinfer_version,
         flashinfer_source="pinned" if example.flashinfer_version else None,
-        read_file=lambda rel: text if rel == example.file else None,
     )
     outcomes = []
     for edit in patch.edits(ctx):

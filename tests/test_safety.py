@@ -24,7 +24,7 @@ def _rank(args, start, judged, index, devnull):
     os.dup2(devnull, 1)
     os.dup2(devnull, 2)
     sys.stdout = sys.stderr = open(os.devnull, "w")
-    import patcher.state
+    import patcher.fs
     from patcher.cli import main
 
     def overlap(step: str) -> None:
@@ -40,7 +40,7 @@ def _rank(args, start, judged, index, devnull):
                 pass
             time.sleep(index * 0.1)
 
-    patcher.state._fault_hook = overlap
+    patcher.fs.set_fault_hook(overlap)
     start.wait()
     os._exit(main(args))
 
@@ -191,14 +191,14 @@ def test_python_option_bad_interpreter(tmp_path, cli):
 # -- crash safety: SIGKILL at every write step -------------------------------------
 KILL_AT_STEP = """
 import os, signal, sys
-import patcher.state as state
+import patcher.fs as fs
 target, count = int(sys.argv[1]), 0
 def hook(name):
     global count
     count += 1
     if count == target:
         os.kill(os.getpid(), signal.SIGKILL)
-state._fault_hook = hook
+fs.set_fault_hook(hook)
 from patcher.cli import main
 main(sys.argv[2:])
 """

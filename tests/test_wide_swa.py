@@ -103,7 +103,7 @@ def test_probe_reads_the_kernel_source_of_each_release():
             names = set(zf.namelist())
 
             def read(relpath, zf=zf, names=names):
-                return zf.read(relpath).decode() if relpath in names else None
+                return zf.read(relpath) if relpath in names else None
 
             ctx = Context(version, version, "installed", lambda _rel: None, read)
             limited, evidence = wide_swa.flashinfer_row_limit(ctx)

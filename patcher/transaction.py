@@ -1,0 +1,320 @@
+"""The write transaction: all files of one apply or revert change, or none does.
+
+An apply or a revert goes through three phases:
+
+1. prepare: write what the change needs into the state directory (backups of
+   the installed files, staged copies of the new ones) and prove that every
+   target can be replaced: each target is writable and a temp file holding its
+   new bytes fits beside it. Nothing in vLLM has changed yet; a failure here
+   undoes what was prepared and leaves the tree and the state as they were.
+2. the journal: the manifest is saved with the transaction in it (from/to
+   hashes of every file), so that a killed run is finished by the next one.
+3. commit: each target is replaced (temp file, fsync, rename; cached bytecode
+   removed around it), then the manifest is saved without the journal. If a
+   write still fails here, the files already replaced are put back from memory
+   and the previous manifest is restored: the tree ends as it began.
+
+Every failure is one line (:class:`WriteFailed`, exit 2) naming the file and the reason.
+"""
+
+from __future__ import annotations
+
+import copy
+import stat
+from dataclasses import dataclass
+
+from patcher.environment import Environment
+from patcher.errors import EnvironmentProblem, Refused
+from patcher.fs import Dir, Owner, UnsafePath, checkpoint, sha256_bytes
+from patcher.state import Manifest, StateStore
+
+
+class WriteFailed(EnvironmentProblem):
+    """A write was refused or failed; the tree is as it was (or the message says how to finish)."""
+
+
+def _os_reason(exc: OSError) -> str:
+    return exc.strerror or str(exc)
+
+
+def _failure(action: str, rel: str, exc: Exception, undone: bool, env: Environment) -> WriteFailed:
+    reason = exc.line() if isinstance(exc, EnvironmentProblem) else _os_reason(exc)
+    if undone:
+        return WriteFailed(f"cannot {action} {rel}", f"{reason}; nothing was changed", "fix the cause and run it again")
+    return WriteFailed(
+        f"cannot {action} {rel}",
+        f"{reason}; the tree could not be put back",
+        f"fix the cause, then run patch-dsv4 apply{env.target.args()} (or revert) to finish",
+    )
+
+
+# -- one target file -------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Target:
+    relpath: str
+    old: bytes
+    new: bytes
+    owner: Owner
+
+
+def _target(env: Environment, relpath: str, old: bytes, new: bytes) -> _Target:
+    st = env.tree.stat(relpath)
+    return _Target(relpath, old, new, Owner(st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)))
+
+
+def _bytecode_dir(directory: Dir) -> Dir | None:
+    try:
+        return directory.child("__pycache__")
+    except UnsafePath as exc:
+        raise UnsafePath(f"refusing {directory.path / '__pycache__'}", exc.why) from None
+
+
+def _remove_bytecode(directory: Dir, name: str) -> None:
+    """Remove every cached .pyc of ``name``: an unchecked-hash .pyc is never revalidated."""
+    stem = name[: -len(".py")] if name.endswith(".py") else name
+    cache = _bytecode_dir(directory)
+    if cache is not None:
+        with cache:
+            for entry in cache.names():
+                if entry.endswith(".pyc") and entry.split(".")[0] == stem:
+                    cache.unlink(entry)
+    directory.unlink(stem + ".pyc")
+
+
+def _probe(env: Environment, target: _Target) -> None:
+    directory, name = env.tree.parent_dir(target.relpath)
+    with directory:
+        env.tree.check_file_link(directory, name)
+        _bytecode_dir(directory)  # a planted link there is refused now, not half-way
+        directory.probe_writable(name, target.new)
+
+
+def _replace(env: Environment, relpath: str, data: bytes, owner: Owner) -> None:
+    directory, name = env.tree.parent_dir(relpath)
+    with directory:
+        env.tree.check_file_link(directory, name)
+        _remove_bytecode(directory, name)
+        directory.write_atomic(name, data, owner)
+        _remove_bytecode(directory, name)
+
+
+def _put_back(env: Environment, done: list[_Target], data_of) -> bool:
+    """Replace each file in ``done`` by ``data_of(target)``; whether all went back."""
+    ok = True
+    for target in reversed(done):
+        data = data_of(target)
+        try:
+            if env.sha256(target.relpath) != sha256_bytes(data):
+                _replace(env, target.relpath, data, target.owner)
+        except (OSError, UnsafePath):
+            ok = False
+    return ok
+
+
+# -- apply ------------------------------------------------------------------------------
+def write_apply(
+    env: Environment, store: StateStore, previous: Manifest | None, manifest: Manifest, planned: dict[str, bytes]
+) -> None:
+    """Write ``planned`` (relpath -> new bytes) and ``manifest`` (already holding the new entries): all or none.
+
+    ``previous`` is the manifest on disk before this apply (None: no state),
+    restored when the apply is undone.
+    """
+    targets = []
+    for relpath, new in planned.items():
+        old = env.read_bytes(relpath)
+        if old is None:
+            raise WriteFailed(f"cannot patch {relpath}", "it vanished while we planned")
+        targets.append(_target(env, relpath, old, new))
+    new_backups = [t for t in targets if previous is None or t.relpath not in previous.files]
+    state_existed = store.exists()
+    journal = copy.deepcopy(manifest)
+    journal.transaction = {
+        "op": "apply",
+        "files": {t.relpath: {"from": sha256_bytes(t.old), "to": sha256_bytes(t.new)} for t in targets},
+    }
+
+    current = "the state directory"
+    try:
+        for t in new_backups:
+            current = f"the backup of {t.relpath}"
+            store.write_copy("backups", t.relpath, t.old)
+        for t in targets:
+            current = f"the staged copy of {t.relpath}"
+            store.write_copy("staged", t.relpath, t.new)
+        for t in targets:
+            current = t.relpath
+            _probe(env, t)
+        checkpoint("prepared")
+        current = "the journal"
+        store.save(journal)
+    except (OSError, UnsafePath) as exc:
+        undone = _undo_prepare(store, previous, state_existed, new_backups)
+        raise _failure("write", current, exc, undone, env) from None
+
+    done: list[_Target] = []
+    try:
+        for t in targets:
+            current = t.relpath
+            done.append(t)  # before the write: a failure after its rename must still put it back
+            _replace(env, t.relpath, t.new, t.owner)
+        current = "the manifest"
+        store.save(manifest)
+    except (OSError, UnsafePath) as exc:
+        undone = _put_back(env, done, lambda t: t.old) and _undo_prepare(store, previous, state_existed, new_backups)
+        raise _failure("write", current, exc, undone, env) from None
+    try:
+        store.clear_staged()
+    except OSError:
+        pass  # the next run's recovery removes leftover staged copies; the apply itself is complete
+
+
+def _undo_prepare(store: StateStore, previous: Manifest | None, state_existed: bool, new_backups) -> bool:
+    """Put the state back as it was before the apply; whether that worked."""
+    try:
+        if not state_existed:
+            store.remove()
+            return True
+        if previous is not None:
+            store.save(previous)
+        for t in new_backups:
+            store.remove_copy("backups", t.relpath)
+        store.clear_staged()
+        return True
+    except (OSError, UnsafePath):
+        return False
+
+
+# -- revert -----------------------------------------------------------------------------
+def write_revert(env: Environment, store: StateStore, manifest: Manifest, restore: dict[str, bytes]) -> None:
+    """Put each file in ``restore`` (relpath -> backup bytes) back, then drop the state: all or none."""
+    targets = []
+    for relpath, old in restore.items():
+        now = env.read_bytes(relpath)
+        if now is None:
+            raise WriteFailed(f"cannot restore {relpath}", "it vanished")
+        targets.append(_target(env, relpath, now, old))
+    journal = copy.deepcopy(manifest)
+    journal.transaction = {
+        "op": "revert",
+        "files": {t.relpath: {"from": sha256_bytes(t.old), "to": sha256_bytes(t.new)} for t in targets},
+    }
+    current = "the journal"
+    try:
+        for t in targets:
+            current = t.relpath
+            _probe(env, t)
+        current = "the journal"
+        store.save(journal)
+    except (OSError, UnsafePath) as exc:
+        raise _failure("restore", current, exc, _restore_manifest(store, manifest), env) from None
+    done: list[_Target] = []
+    try:
+        for t in targets:
+            current = t.relpath
+            done.append(t)  # before the write: a failure after its rename must still put it back
+            _replace(env, t.relpath, t.new, t.owner)
+        current = "the state"
+        store.remove()
+    except (OSError, UnsafePath) as exc:
+        if done and len(done) == len(targets) and not store.manifest_exists():
+            # Every file is restored and the manifest is gone: the revert is complete;
+            # what is left of the state directory is backups no file needs any more.
+            raise WriteFailed(
+                "reverted, but could not remove all of the state", _os_reason(exc) if isinstance(exc, OSError) else str(exc),
+                f"remove {store.dir_path}",
+            ) from None
+        undone = _put_back(env, done, lambda t: t.old) and _restore_manifest(store, manifest)
+        raise _failure("restore", current, exc, undone, env) from None
+
+
+def _restore_manifest(store: StateStore, manifest: Manifest) -> bool:
+    try:
+        store.save(manifest)
+        return True
+    except (OSError, UnsafePath):
+        return False
+
+
+# -- recovery -----------------------------------------------------------------------------
+def recover(env: Environment, store: StateStore) -> list[str]:
+    """Finish what a killed apply or revert started (call with the lock held); notes on what was done.
+
+    A journalled apply is rolled forward from its staged copies, a journalled
+    revert from the backups; temp files a killed writer left are removed. A
+    state directory without a manifest is removed only when no file needs its
+    backups (every backed-up file still has its backup's bytes).
+    """
+    notes: list[str] = []
+    manifest = store.load()
+    for relpath in store.declared:
+        _remove_stray_temps(env, relpath)
+    if manifest is None:
+        if store.exists():
+            _drop_orphan_state(env, store)
+            notes.append("removed the state an interrupted first apply left before its journal")
+        return notes
+    store.remove_stray_temps()
+    if manifest.transaction is None:
+        if store.copies("staged"):
+            store.clear_staged()
+        return notes
+    op = manifest.transaction["op"]
+    source = "staged" if op == "apply" else "backups"
+    _replay(env, store, manifest, source)
+    if op == "apply":
+        manifest.transaction = None
+        store.save(manifest)
+        store.clear_staged()
+        notes.append("finished an interrupted apply from its journal")
+    else:
+        store.remove()
+        notes.append("finished an interrupted revert from its journal")
+    return notes
+
+
+def _remove_stray_temps(env: Environment, relpath: str) -> None:
+    try:
+        directory, name = env.tree.parent_dir(relpath)
+    except (FileNotFoundError, NotADirectoryError, UnsafePath):
+        return
+    with directory:
+        directory.remove_stray_temps(name)
+
+
+def _drop_orphan_state(env: Environment, store: StateStore) -> None:
+    for relpath in store.copies("backups"):
+        if relpath not in store.declared:
+            raise store.unreadable(f"backups/{relpath} is not a file any patch edits")
+        backup = store.read_copy("backups", relpath)
+        if backup is not None and env.sha256(relpath) != sha256_bytes(backup):
+            raise store.unreadable(
+                f"it has no manifest but a backup of {relpath}, which differs from that file (a patched file may need it)"
+            )
+    store.remove()
+
+
+def _replay(env: Environment, store: StateStore, manifest: Manifest, source: str) -> None:
+    """Move each file of the journalled transaction to its "to" bytes, read from the ``source`` copies.
+
+    A file already there is left alone; one that is neither "from" nor "to"
+    changed behind our back and stops the replay, nothing more written.
+    """
+    op = manifest.transaction["op"]
+    for relpath, move in manifest.transaction["files"].items():
+        now = env.sha256(relpath)
+        if now == move["to"]:
+            continue
+        if now != move["from"]:
+            raise Refused(
+                f"cannot finish the interrupted {op} of {relpath}",
+                "the file changed since",
+                f"{env.reinstall()}, then patch-dsv4 {op}{env.target.args()}",
+            )
+        data = store.read_copy(source, relpath)
+        if data is None or sha256_bytes(data) != move["to"]:
+            raise Refused(
+                f"the saved copy of {relpath} is missing or damaged", "", f"{env.reinstall()}"
+            )
+        st = env.tree.stat(relpath)
+        _replace(env, relpath, data, Owner(st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)))
