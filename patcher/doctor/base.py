@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Mapping
@@ -70,6 +71,26 @@ class Runtime:
     patch_files: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
+def read_regular_file(path: Path, limit: int = 64 << 20) -> bytes:
+    """The bytes of ``path`` if it is a regular file of at most ``limit`` bytes; else OSError.
+
+    Opened non-blocking, so a FIFO or device under a pack's file name cannot hang doctor.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise OSError(f"{path} is not a regular file")
+        if info.st_size > limit:
+            raise OSError(f"{path} is {info.st_size} bytes, more than the {limit} doctor reads")
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
 class PackUnreadable(Exception):
     """config.json (or the pack directory) cannot be used: the message names the file and why."""
 
@@ -101,9 +122,11 @@ class DoctorContext:
             assert self.pack is not None
             path = self.pack / "config.json"
             try:
-                data = json.loads(path.read_bytes())
+                data = json.loads(read_regular_file(path))
             except FileNotFoundError:
                 return PackUnreadable(f"{path} not found")
+            except OSError as exc:
+                return PackUnreadable(f"{path} cannot be read ({exc.strerror or exc})")
             except (OSError, ValueError, RecursionError) as exc:
                 return PackUnreadable(f"{path} is not valid JSON ({type(exc).__name__}: {exc})")
             if not isinstance(data, dict):
