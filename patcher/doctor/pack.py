@@ -20,8 +20,8 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .base import FAIL, INFO, PASS, SKIP, WARN, DoctorContext, PackUnreadable, Row, check, read_regular_file
-from .safetensors import DTYPE_SIZES, Shard, ShardError
+from .base import FAIL, PASS, SKIP, WARN, DoctorContext, PackUnreadable, Row, check, read_regular_file
+from .safetensors import Shard, ShardError
 
 MARKER_VALUES = {"mcg": -877912083, "mul1": -2082680531}  # P exl3.py:94,96
 VALID_K = (2, 3, 4, 5, 6)  # P exl3.py Exl3Config.__init__
@@ -91,8 +91,8 @@ class PackScan:
     # (block, layer) -> trellis last dim -> first name with it
     widths: dict[tuple[str, int], dict[int, str]] = field(default_factory=lambda: defaultdict(dict))
     routed_marker_suffixes: Counter = field(default_factory=Counter)
-    markers_read: int = 0
-    bad_markers: list[str] = field(default_factory=list)  # the first few, as sentences
+    markers_checked: int = 0
+    first_bad_marker: str | None = None
     bad_marker_count: int = 0
     mtp_blocks: set[int] = field(default_factory=set)
     gate_bias_layers: set[int] = field(default_factory=set)
@@ -103,6 +103,7 @@ class PackScan:
     dense: dict[str, dict[str, tuple[str, list]]] = field(default_factory=lambda: defaultdict(dict))
 
     def _marker(self, shard: Shard, name: str, entry: dict, suffix: str) -> None:
+        self.markers_checked += 1
         start, end = entry["data_offsets"]
         expected = MARKER_VALUES[suffix]
         if end - start != 4:
@@ -113,13 +114,12 @@ class PackScan:
             except ShardError as exc:
                 problem = str(exc)
             else:
-                self.markers_read += 1
                 if value == expected:
                     return
                 problem = f"{name} holds {value}, not the {suffix.upper()} marker {expected}"
         self.bad_marker_count += 1
-        if len(self.bad_markers) < 3:
-            self.bad_markers.append(problem)
+        if self.first_bad_marker is None:
+            self.first_bad_marker = problem
 
     def add_shard(self, shard: Shard) -> None:
         # One loop over ~2,800 names per shard (132k in the pack): keep the per-name work flat.
@@ -172,7 +172,8 @@ class PackScan:
 
     def _vision(self, name: str) -> None:
         self.vision_tensors += 1
-        if self.first_vision_tensor is None:
+        # Name a tower tensor when there is one: it says "vision" more plainly than a gate's bias_vl.
+        if self.first_vision_tensor is None or self.first_vision_tensor.endswith("bias_vl"):
             self.first_vision_tensor = name
 
     # ---- derived facts
@@ -234,7 +235,7 @@ def pack_scan(ctx: DoctorContext) -> PackScan:
 # --------------------------------------------------------------------------- config helpers
 
 
-def _plugin_int(value) -> int | None:
+def plugin_int(value) -> int | None:
     """``int(value)`` as vllm-exl3 does it, or None where that raises."""
     try:
         return int(value)
@@ -254,7 +255,7 @@ def quantization_config(cfg: dict) -> dict:
 
 def declared_bits(quant: dict) -> int:
     """The base K the plugin uses: ``bits``, or 4 when absent (``Exl3Config.from_config``)."""
-    bits = _plugin_int(quant.get("bits", 4))
+    bits = plugin_int(quant.get("bits", 4))
     return 4 if bits is None else bits
 
 
@@ -265,7 +266,7 @@ def declared_layer_bits(quant: dict) -> tuple[dict[int, int], list[str]]:
         return {}, [f"layer_bits is a JSON {type(raw).__name__}, not an object"]
     parsed, rejected = {}, []
     for key, value in raw.items():
-        layer, k = _plugin_int(key), _plugin_int(value)
+        layer, k = plugin_int(key), plugin_int(value)
         if layer is None or k is None or k not in VALID_K:
             rejected.append(f"layer_bits[{key!r}] = {value!r} (vllm-exl3 accepts 2-6)")
         else:
@@ -281,6 +282,54 @@ def majority_k(scan: PackScan) -> int | None:
 def layer_bits_for(scan: PackScan, base: int) -> dict[str, int]:
     """The ``layer_bits`` map the shards need: the layers whose K differs from ``base``."""
     return {str(layer): k for layer, k in sorted(scan.layer_k().items()) if k is not None and k != base}
+
+
+def valid_bits(quant: dict) -> int | None:
+    """``bits`` when it is declared and the plugin accepts it (2-6)."""
+    raw = quant.get("bits")
+    bits = plugin_int(raw)
+    return bits if bits in VALID_K and not isinstance(raw, bool) else None
+
+
+def wanted_codebook(quant: dict, scan: PackScan) -> str | None:
+    """The codebook to declare when the declared one (default mcg) is invalid or disagrees with the
+    routed experts' marker tensors; None when it is right."""
+    codebook = quant.get("codebook", "mcg")
+    found = sorted(scan.routed_marker_suffixes)
+    if codebook in MARKER_VALUES and (not found or found == [codebook]):
+        return None
+    return found[0] if len(found) == 1 else "mcg"
+
+
+def layer_bits_problems(quant: dict, scan: PackScan) -> list[str]:
+    """Entries the plugin rejects, and layers whose declared K is not their trellis width / 16."""
+    bits = declared_bits(quant)
+    layer_bits, problems = declared_layer_bits(quant)
+    for layer, k in sorted(scan.layer_k().items()):
+        declared = layer_bits.get(layer, bits)
+        if k is not None and declared != k:
+            problems.append(f"layer {layer} declares K{declared}, trellis width {k * 16} means K{k}")
+    return problems
+
+
+def source_mtp_problems(cfg: dict, quant: dict) -> list[str]:
+    """What a pack with source-format MTP experts lacks for the plugin to hand them to the delegate."""
+    layers = _config_int(cfg, "num_hidden_layers")
+    mode, start, delegate = (quant.get(k) for k in ("mtp_experts", "mtp_experts_start_layer", "non_routed_quantization"))
+    problems = []
+    if mode != "source":
+        problems.append(f"mtp_experts is {_json(mode) if mode is not None else 'absent'}, not \"source\"")
+    if start != layers:
+        problems.append(f"mtp_experts_start_layer is {_json(start)}, not num_hidden_layers ({layers})")
+    if not (isinstance(delegate, dict) and delegate.get("quant_method")):
+        problems.append("non_routed_quantization declares no quant_method for the draft's experts")
+    return problems
+
+
+def routing_bias_layers(cfg: dict, scan: PackScan) -> list[int]:
+    """Non-hash layers that ship ``ffn.gate.bias`` (they need ``topk_method: noaux_tc``)."""
+    hash_layers = _config_int(cfg, "num_hash_layers") or 0
+    return sorted(layer for layer in scan.gate_bias_layers if layer >= hash_layers)
 
 
 @dataclass(frozen=True)
@@ -303,7 +352,7 @@ def model_dims(cfg: dict) -> Dims | str:
 
 def tensor_parallel(ctx: DoctorContext) -> int:
     value = ctx.serve_flag("--tensor-parallel-size") or ctx.serve_flag("-tp")
-    tp = _plugin_int(value) if value is not None else 1
+    tp = plugin_int(value) if value is not None else 1
     return tp if tp and tp > 0 else 1
 
 
@@ -336,6 +385,8 @@ def fixer_refusal(ctx: DoctorContext) -> str | None:
     except PackUnreadable as exc:
         return str(exc)
     scan = pack_scan(ctx)
+    if not isinstance(_config_int(cfg, "num_hidden_layers"), int):
+        return "config.json has no integer num_hidden_layers"
     if "non_routed_exl3" in quantization_config(cfg) or scan.dense_exl3_modules():
         return "this is a dense-EXL3 pack (non_routed_exl3, lna-lab Dense bake), outside the recipe's routed-only block"
     if scan.mtp_format() in ("exl3", "mixed"):
@@ -357,9 +408,16 @@ def _fix_config_note(ctx: DoctorContext) -> str:
     return ""
 
 
-def _first(items: list[str], noun: str) -> str:
-    more = f" (and {len(items) - 1} more {noun})" if len(items) > 1 else ""
-    return f"{items[0]}{more}"
+def _first(items: list[str]) -> str:
+    return f"{items[0]} (and {len(items) - 1} more)" if len(items) > 1 else items[0]
+
+
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+def _block(block: str, layer: int) -> str:
+    return f"layer {layer}" if block == "layers" else f"{block}.{layer}"
 
 
 def _json(value) -> str:
@@ -511,8 +569,8 @@ def check_quant_bits(ctx: DoctorContext) -> Row:
         return Row("quant.bits", WARN, "quantization_config has no bits; vllm-exl3 then assumes 4.",
                    f"Set \"bits\" to the K of the layers not listed in layer_bits{suggestion}"
                    + _fix_config_note(ctx) + ".")
-    bits = _plugin_int(quant["bits"])
-    if bits not in VALID_K or isinstance(quant["bits"], bool):
+    bits = valid_bits(quant)
+    if bits is None:
         return Row("quant.bits", FAIL,
                    f"quantization_config.bits is {_json(quant['bits'])}; vllm-exl3 accepts 2-6 and refuses the config.",
                    f"Set \"bits\" to the K of the layers not listed in layer_bits{suggestion}"
@@ -525,11 +583,12 @@ def check_quant_codebook(ctx: DoctorContext) -> Row:
     """FAIL unless ``codebook`` is ``mcg``/``mul1`` (default ``mcg``) and matches the routed experts'
     marker tensors (``.mcg`` or ``.mul1``) (P exl3.py Exl3Config.__init__, from_config)."""
     quant = quantization_config(ctx.config())
+    scan = pack_scan(ctx)
     codebook = quant.get("codebook", "mcg")
-    found = sorted(pack_scan(ctx).routed_marker_suffixes)
+    found = sorted(scan.routed_marker_suffixes)
     where = f"the routed experts carry .{'/.'.join(found)} markers" if found else "no routed marker tensors were found"
-    wanted = found[0] if len(found) == 1 else "mcg"
-    if codebook not in MARKER_VALUES or (found and found != [codebook]):
+    wanted = wanted_codebook(quant, scan)
+    if wanted:
         return Row("quant.codebook", FAIL, f"codebook {_json(codebook)} does not match the pack: {where}.",
                    f'Set "codebook": "{wanted}" in quantization_config' + _fix_config_note(ctx) + ".")
     stated = "" if "codebook" in quant else " (absent; vllm-exl3 assumes mcg)"
@@ -587,13 +646,13 @@ def check_shards(ctx: DoctorContext) -> Row:
                    f"{first.found_size}); resume the download: {redownload}.")
         else:
             fix = f"Re-download {first.path.name} (for a Hub pack: {redownload} resumes and repairs it)."
-        detail = _first([str(p) for p in scan.problems], "shards with problems")
+        detail = _first([str(p) for p in scan.problems])
         return Row("pack.shards", FAIL, f"{len(scan.files)} shards: {detail}.", fix)
     if gaps:
-        return Row("pack.shards", FAIL, f"{len(scan.files)} shards, but {_first(gaps, 'missing')} is missing.",
+        return Row("pack.shards", FAIL, f"{len(scan.files)} shards, but {_first(gaps)} is missing.",
                    f"Download the missing shards: {redownload}.")
     if leftovers:
-        return Row("pack.shards", FAIL, f"an interrupted download left {_first(leftovers, 'files')} in the pack.",
+        return Row("pack.shards", FAIL, f"an interrupted download left {_first(leftovers)} in the pack.",
                    f"Finish the download ({redownload}), then delete the leftover files.")
     return Row("pack.shards", PASS,
                f"{len(scan.files)} shards, {scan.safetensors_bytes / 1e9:.2f} GB: every header is valid and every "
@@ -626,11 +685,11 @@ def check_index(ctx: DoctorContext) -> Row:
     absent = sorted(name for name in listed if not (pack / name).is_file())
     if unlisted:
         return Row("pack.index", FAIL,
-                   f"{INDEX_NAME} does not list {_first(unlisted, 'files')}; vLLM will silently skip it.",
+                   f"{INDEX_NAME} does not list {_first(unlisted)}; vLLM will silently skip it.",
                    f"{INDEX_NAME} does not list {', '.join(unlisted)}; vLLM will silently skip them. " + regenerate)
     if absent:
         return Row("pack.index", FAIL,
-                   f"{INDEX_NAME} names {_first(absent, 'files')}, which is not in the pack (FileNotFoundError at load).",
+                   f"{INDEX_NAME} names {_first(absent)}, which is not in the pack (FileNotFoundError at load).",
                    f"Restore {', '.join(absent)} into the pack, or regenerate the index from the files on disk.")
     return Row("pack.index", PASS, f"{INDEX_NAME} lists all {len(on_disk)} *.safetensors files, and each exists.")
 
@@ -670,11 +729,11 @@ def check_symlinks(ctx: DoctorContext) -> Row:
         if not _inside(target, real_pack) and not _is_hub_cache_blob(pack, target):
             outside.append(f"{entry.name} -> {target}")
     if broken:
-        return Row("pack.symlinks", FAIL, _first(broken, "broken links") + ".",
+        return Row("pack.symlinks", FAIL, _first(broken) + ".",
                    f"{broken[0].split(' is ')[0]} is a symlink to a missing file; copy the file into the pack "
                    "(derived packs should not depend on the source pack).")
     if outside:
-        return Row("pack.symlinks", WARN, f"{_first(outside, 'links')} points outside the pack.",
+        return Row("pack.symlinks", WARN, f"{_first(outside)} points outside the pack.",
                    "Copy the linked files into the pack: deleting or moving the source pack would break this one.")
     return Row("pack.symlinks", PASS, "no symlink in the pack is broken or leaves it.")
 
@@ -723,7 +782,7 @@ def check_experts_complete(ctx: DoctorContext) -> Row:
                     first = f"{block}.{layer}.ffn.experts.{expert}.{_missing_part(bit)}"
     if missing:
         return Row("experts.complete", FAIL,
-                   f"{missing} routed-expert tensors are missing (first: {first}); vLLM would leave them "
+                   f"{_plural(missing, 'routed-expert tensor')} missing (first: {first}); vLLM would leave them "
                    "uninitialised and generate garbage.",
                    "Re-download the shards that hold them"
                    f" (hf download <repo-id> --local-dir {shlex.quote(str(ctx.pack))}).")
@@ -775,7 +834,7 @@ def check_experts_shapes(ctx: DoctorContext) -> Row:
     if wrong:
         scalar = any(" [], expected I32 [1]" in w for w in wrong)
         note = " Scalar MCG markers must be stored as [1]." if scalar else ""
-        return Row("experts.shapes", FAIL, f"{count} expert tensors have the wrong layout; {_first(wrong, 'layouts')}.",
+        return Row("experts.shapes", FAIL, f"{_plural(count, 'expert tensor')} with the wrong layout; {_first(wrong)}.",
                    f"{wrong[0]} (the vllm-exl3 destination).{note} Re-create those tensors with the right layout "
                    "(or re-download the pack).")
     if (dims.intermediate // 16) % tp:
@@ -797,12 +856,12 @@ def check_experts_one_k(ctx: DoctorContext) -> Row:
     problems = []
     for (block, layer), widths in sorted(scan.widths.items()):
         if len(widths) > 1:
-            problems.append(f"{block} {layer} mixes trellis widths {sorted(widths)} "
+            problems.append(f"{_block(block, layer)} mixes trellis widths {sorted(widths)} "
                             f"({', '.join(widths[w] for w in sorted(widths))})")
         elif next(iter(widths)) % 16:
-            problems.append(f"{block} {layer} has trellis width {next(iter(widths))}, not a multiple of 16")
+            problems.append(f"{_block(block, layer)} has trellis width {next(iter(widths))}, not a multiple of 16")
     if problems:
-        return Row("experts.one-k", FAIL, _first(problems, "layers") + ".",
+        return Row("experts.one-k", FAIL, _first(problems) + ".",
                    f"{problems[0].split(' (')[0]}; per-layer bits cannot express it and the fused MoE needs one K "
                    "per layer: re-quantize (or re-download) that layer's experts at one K.")
     ks = Counter(k for k in scan.layer_k().values() if k)
@@ -819,17 +878,12 @@ def check_layer_bits(ctx: DoctorContext) -> Row:
     quant = quantization_config(ctx.config())
     scan = pack_scan(ctx)
     bits = declared_bits(quant)
-    layer_bits, rejected = declared_layer_bits(quant)
-    base = bits if bits in VALID_K else (majority_k(scan) or bits)
+    layer_bits, _ = declared_layer_bits(quant)
+    base = valid_bits(quant) or majority_k(scan) or bits
     wanted = _json(layer_bits_for(scan, base))
-    mismatches = []
-    for layer, k in sorted(scan.layer_k().items()):
-        declared = layer_bits.get(layer, bits)
-        if k is not None and declared != k:
-            mismatches.append(f"layer {layer} declares K{declared}, trellis width {k * 16} means K{k}")
-    problems = rejected + mismatches
+    problems = layer_bits_problems(quant, scan)
     if problems:
-        return Row("quant.layer-bits", FAIL, f"layer_bits does not match the shards: {_first(problems, 'layers')}.",
+        return Row("quant.layer-bits", FAIL, f"layer_bits does not match the shards: {_first(problems)}.",
                    f'Set "layer_bits": {wanted} (the layers whose K is not {base})' + _fix_config_note(ctx) + ".")
     return Row("quant.layer-bits", PASS,
                f"bits {bits} and layer_bits {_json({str(k): v for k, v in sorted(layer_bits.items())})} match the "
@@ -843,22 +897,20 @@ def check_markers(ctx: DoctorContext) -> Row:
     (P exl3.py:94,96, Exl3MoEMethod.process_weights_after_loading; L mtp_overlay.py verify_output)."""
     scan = pack_scan(ctx)
     if scan.bad_marker_count:
-        first = scan.bad_markers[0]
         return Row("experts.markers", FAIL,
-                   f"{scan.bad_marker_count} of {scan.markers_read + scan.bad_marker_count} markers are wrong; "
-                   f"{_first(scan.bad_markers, 'shown')}.",
-                   f"{first}: the pack's packed ABI does not match vllm-exl3 (the load would fail after reading "
+                   f"{scan.bad_marker_count} of {scan.markers_checked} markers are wrong; first: {scan.first_bad_marker}.",
+                   f"{scan.first_bad_marker}: the pack's packed ABI does not match vllm-exl3 (the load would fail after reading "
                    "every shard); re-download or re-quantize the tensors with wrong markers.")
-    if not scan.markers_read:
+    if not scan.markers_checked:
         return Row("experts.markers", PASS, "the pack has no EXL3 marker tensors to read.")
     return Row("experts.markers", PASS,
-               f"all {scan.markers_read} EXL3 markers read (4 bytes each) hold their codebook's value.")
+               f"all {scan.markers_checked} EXL3 markers read (4 bytes each) hold their codebook's value.")
 
 
 # --------------------------------------------------------------------------- checks: dense weights and MTP
 
 
-def _plain_bf16_dense(scan: PackScan) -> list[str]:
+def plain_bf16_dense(scan: PackScan) -> list[str]:
     scale_parts = ("scale", "weight_scale_inv", "weight_scale")
     return [
         module for module, parts in sorted(scan.dense.items())
@@ -876,12 +928,12 @@ def check_dense_policy(ctx: DoctorContext) -> Row:
     get_quant_method). Without a located vLLM the route-B half is reported as unchecked."""
     quant = quantization_config(ctx.config())
     policy = quant.get("non_routed_dtype_policy")
-    plain = _plain_bf16_dense(pack_scan(ctx))
+    plain = plain_bf16_dense(pack_scan(ctx))
     if not plain:
         return Row("dense.policy", PASS, "no dense linear is stored as plain BF16, so the policy does not apply.")
-    example = f"{len(plain)} dense linears are BF16 with no scales (e.g. {plain[0]}.weight)"
+    example = f"{_plural(len(plain), 'dense linear')} stored as BF16 with no scales (e.g. {plain[0]}.weight)"
     if policy == STOCK_POLICY:
-        return Row("dense.policy", PASS, f'{example} and non_routed_dtype_policy is "{STOCK_POLICY}".')
+        return Row("dense.policy", PASS, f'{example}, and non_routed_dtype_policy is "{STOCK_POLICY}".')
     found = "absent" if policy is None else f'"{policy}"'
     fix = (f'Set "non_routed_dtype_policy": "{STOCK_POLICY}" in quantization_config{_fix_config_note(ctx)}, '
            "and keep non_routed_quantization for the DSpark draft. (Hub packs downloaded after 2026-09-01 ship "
@@ -896,7 +948,7 @@ def check_dense_policy(ctx: DoctorContext) -> Row:
         return Row("dense.policy", PASS,
                    f"{example}; policy {found} with the route-B loader ({ROUTE_B_MARKER} in {where}).")
     return Row("dense.policy", FAIL,
-               f"non_routed_dtype_policy is {found} but {example}: on stock/nightly vLLM the plugin hands them to "
+               f"non_routed_dtype_policy is {found} with {example}: on stock/nightly vLLM the plugin hands them to "
                "the fp8 method and the model returns empty or uniform text with no error.",
                fix)
 
@@ -915,7 +967,7 @@ def check_mtp_format(ctx: DoctorContext) -> Row:
     fmt = scan.mtp_format()
     drafting = drafts_from_mtp(ctx)
     layers = _config_int(cfg, "num_hidden_layers")
-    mode, start = quant.get("mtp_experts"), quant.get("mtp_experts_start_layer")
+    mode = quant.get("mtp_experts")
     if fmt == "none":
         if drafting:
             return Row("mtp.format", FAIL, "--speculative-config drafts from MTP layers, but the pack has no MTP experts.",
@@ -923,13 +975,7 @@ def check_mtp_format(ctx: DoctorContext) -> Row:
         return Row("mtp.format", PASS, "the pack has no MTP experts (no speculative decoding from it).")
     problems, fix = [], ""
     if fmt == "source":
-        nrq = quant.get("non_routed_quantization")
-        if mode != "source":
-            problems.append(f"mtp_experts is {_json(mode) if mode is not None else 'absent'}, not \"source\"")
-        if start != layers:
-            problems.append(f"mtp_experts_start_layer is {_json(start)}, not num_hidden_layers ({layers})")
-        if not (isinstance(nrq, dict) and nrq.get("quant_method")):
-            problems.append("non_routed_quantization declares no quant_method for the draft's experts")
+        problems = source_mtp_problems(cfg, quant)
         fix = (f'Set "mtp_experts": "source", "mtp_experts_start_layer": {layers} and "non_routed_quantization": '
                f"{_json(FP8_DELEGATE)} in quantization_config" + _fix_config_note(ctx) + ".")
     elif fmt == "exl3":
@@ -943,18 +989,23 @@ def check_mtp_format(ctx: DoctorContext) -> Row:
             if k is not None and layer_bits.get(index, bits) != k:
                 problems.append(f"layer {index} (mtp.{block}) declares K{layer_bits.get(index, bits)}, its trellis is K{k}")
                 wanted[str(index)] = k
-        fix = ('Remove "mtp_experts" and "mtp_experts_start_layer" from quantization_config'
-               + (f' and add {_json(wanted)} to "layer_bits"' if wanted else "") + " (EXL3 draft).")
+        steps = (['remove "mtp_experts" and "mtp_experts_start_layer" from quantization_config']
+                 if mode not in (None, "exl3") else [])
+        steps += [f'add {_json(wanted)} to "layer_bits"'] if wanted else []
+        fix = "For this EXL3 draft, " + " and ".join(steps) + "."
     else:
         problems.append("some MTP experts are in the source format and some in EXL3")
         fix = "Rebuild the MTP overlay so every draft expert has one format (L tools/mtp_overlay.py)."
     if not problems:
         return Row("mtp.format", PASS, f"MTP experts are {fmt}-format and quantization_config declares them so.")
-    status = FAIL if drafting else WARN
-    when = "--speculative-config drafts from them" if drafting else "with --speculative-config dspark"
+    symptom = {"source": " (KeyError: 'w13_weight_scale')", "exl3": " (EXL3 load shape mismatch)"}.get(fmt, "")
+    if drafting:
+        status, when = FAIL, "--speculative-config drafts from them, so the draft load will fail"
+    else:
+        status, when = WARN, "with --speculative-config dspark the draft load would fail"
     return Row("mtp.format", status,
-               f"the pack's MTP experts are {fmt}-format but {_first(problems, 'problems')}; {when}, the draft "
-               "load fails after the target has loaded (KeyError: 'w13_weight_scale').",
+               f"the pack's MTP experts are {fmt}-format but {_first(problems)}; {when} after the target has "
+               f"loaded{symptom}.",
                fix)
 
 
@@ -1003,7 +1054,7 @@ def _declared_dense_bits(nre: dict, prefix: str, base: int) -> int | None | str:
             return None
         suffix_bits = nre.get("layer_bits") if isinstance(nre.get("layer_bits"), dict) else {}
         raw = suffix_bits.get(suffix, nre.get("bits", base))
-    k = _plugin_int(raw)
+    k = plugin_int(raw)
     return k if k is not None else repr(raw)
 
 
@@ -1020,7 +1071,11 @@ def check_dense_exl3_map(ctx: DoctorContext) -> Row:
     if not nre and not modules:
         return Row("dense.exl3-map", PASS, "routed-only EXL3: no dense EXL3 tensors and no non_routed_exl3.")
     restore = "Restore quantization_config.non_routed_exl3 from the bake's merged config (L tools/dense_bake.py --merge)."
-    if not isinstance(nre, dict) or not nre:
+    if nre and not isinstance(nre, dict):
+        return Row("dense.exl3-map", FAIL,
+                   f"quantization_config.non_routed_exl3 is a JSON {type(nre).__name__}; vllm-exl3 needs an object.",
+                   restore if modules else "Remove non_routed_exl3: this pack has no dense EXL3 tensors.")
+    if not nre:
         return Row("dense.exl3-map", FAIL,
                    f"{len(modules)} dense linears are EXL3 (e.g. {modules[0]}.trellis) but quantization_config "
                    "declares no non_routed_exl3, so vLLM would look for their .weight.", restore)
@@ -1076,7 +1131,7 @@ def check_dense_exl3_map(ctx: DoctorContext) -> Row:
         fix = f"non_routed_exl3 declares bits={declared} where the trellis is K{k}: set every such \"bits\" to {k}."
     else:
         fix = problems[0][1]
-    return Row("dense.exl3-map", FAIL, _first([p for p, _ in problems], "problems") + ".", fix)
+    return Row("dense.exl3-map", FAIL, _first([p for p, _ in problems]) + ".", fix)
 
 
 @check("dense.wo-a-slices", needs=("pack",))
@@ -1127,8 +1182,7 @@ def check_topk_method(ctx: DoctorContext) -> Row:
     KeyError or a skip-if-missing loader drops the routing biases *(inferred)* (V0.28.0
     nvidia/model.py:596-600,1411; V0.30.0 :861-868; R LOADER_NOTES.md:69-77)."""
     cfg = ctx.config()
-    hash_layers = _config_int(cfg, "num_hash_layers") or 0
-    biased = sorted(layer for layer in pack_scan(ctx).gate_bias_layers if layer >= hash_layers)
+    biased = routing_bias_layers(cfg, pack_scan(ctx))
     method = cfg.get("topk_method")
     if not biased:
         return Row("config.topk-method", PASS, "no routing bias (ffn.gate.bias) on a non-hash layer.")
@@ -1154,7 +1208,7 @@ def check_hash_layers(ctx: DoctorContext) -> Row:
                    "Re-download the shards holding the first layers' gate tensors.")
     if (declared or 0) != len(layers) or isinstance(declared, bool):
         return Row("config.hash-layers", FAIL,
-                   f"num_hash_layers is {_json(declared)} but the checkpoint has tid2eid on {len(layers)} layers.",
+                   f"num_hash_layers is {_json(declared)} but the checkpoint has tid2eid on {_plural(len(layers), 'layer')}.",
                    f'Set "num_hash_layers": {len(layers)} in config.json (restore it from the source config).')
     return Row("config.hash-layers", PASS, f"num_hash_layers {len(layers)} matches the layers carrying tid2eid.")
 

@@ -1,0 +1,199 @@
+"""``patch-dsv4 doctor --fix-config``: write the config.json edits the failing pack rows ask for.
+
+The edits are those of the recipe's fixer for the stock/nightly route (R
+scripts/fix_pack_config.py @94a0878, DOCTOR-FACTS.md A.1/A.2), made key by key
+instead of replacing the whole ``quantization_config``: every key the pack's
+rows do not need changed is kept. Packs outside the fixer's assumptions (a
+dense-EXL3 ``non_routed_exl3`` pack, EXL3 draft experts, unreadable shards) are
+refused with a one-line reason and nothing is written.
+
+The original config.json is kept as ``config.json.bak`` (created once, never
+overwritten); config.json is replaced atomically and keeps its mode; a second
+run finds nothing to change and writes nothing.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import json
+import os
+import re
+import secrets
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+from .base import DoctorContext, read_regular_file
+from .pack import (
+    FP8_DELEGATE,
+    STOCK_POLICY,
+    PackScan,
+    declared_layer_bits,
+    fixer_refusal,
+    layer_bits_for,
+    layer_bits_problems,
+    majority_k,
+    pack_scan,
+    plain_bf16_dense,
+    routing_bias_layers,
+    source_mtp_problems,
+    valid_bits,
+    wanted_codebook,
+)
+
+BACKUP_SUFFIX = ".bak"  # the name the recipe's fixer uses, so either tool finds the other's backup
+
+
+@dataclass(frozen=True)
+class FixResult:
+    """What ``fix_config`` did: ``diff`` is empty when nothing changed; ``refused`` says why nothing was tried."""
+
+    config: Path
+    diff: str = ""
+    backup: Path | None = None
+    refused: str | None = None
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.diff)
+
+
+def _set(mapping: dict, key: str, value) -> None:
+    if mapping.get(key, object()) != value:
+        mapping[key] = value
+
+
+def planned_config(cfg: dict, scan: PackScan) -> dict:
+    """``cfg`` with the edits the pack rows ask for (the input is not modified)."""
+    new = copy.deepcopy(cfg)
+    if not isinstance(new.get("quantization_config"), dict):
+        new["quantization_config"] = {}
+    quant = new["quantization_config"]
+    _set(quant, "quant_method", "exl3")
+    bits = valid_bits(quant)
+    if bits is None:
+        bits = quant["bits"] = majority_k(scan)
+    codebook = wanted_codebook(quant, scan)
+    if codebook:
+        quant["codebook"] = codebook
+    if plain_bf16_dense(scan):
+        _set(quant, "non_routed_dtype_policy", STOCK_POLICY)
+    if layer_bits_problems(quant, scan):
+        declared, _ = declared_layer_bits(quant)
+        kept = {str(layer): k for layer, k in declared.items() if layer not in scan.layer_k()}
+        quant["layer_bits"] = {**layer_bits_for(scan, bits), **kept}
+    if scan.mtp_format() == "source" and source_mtp_problems(new, quant):
+        _set(quant, "mtp_experts", "source")
+        _set(quant, "mtp_experts_start_layer", new["num_hidden_layers"])
+        delegate = quant.get("non_routed_quantization")
+        if not (isinstance(delegate, dict) and delegate.get("quant_method")):
+            quant["non_routed_quantization"] = dict(FP8_DELEGATE)
+    if routing_bias_layers(new, scan):
+        _set(new, "topk_method", "noaux_tc")
+    if new.get("text_config") == {}:
+        del new["text_config"]
+    return new
+
+
+def _dumps_like(original: str, data: dict) -> str:
+    """``data`` as JSON in the original file's style (indent, ASCII escapes, final newline), so the
+    diff shows the edits and not a reformat."""
+    indent_match = re.search(r"\n([ \t]+)\"", original)
+    indent = indent_match.group(1) if indent_match else None
+    text = json.dumps(data, indent=indent, ensure_ascii=original.isascii())
+    return text + "\n" if original.endswith("\n") else text
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_new_file(folder: Path, data: bytes, mode: int) -> Path:
+    """A fully written, fsynced temp file under ``folder`` with an unpredictable name (never followed
+    through a symlink, never an existing file)."""
+    path = folder / f".config.json.{secrets.token_hex(8)}.tmp"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        os.fchmod(fd, mode)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        path.unlink(missing_ok=True)
+        raise
+    os.close(fd)
+    return path
+
+
+def _keep_original(config: Path, original: bytes, mode: int) -> Path:
+    """Create ``config.json.bak`` holding ``original``, unless a backup is already there (it then holds
+    the config from before the first fix, which must survive)."""
+    backup = config.with_name(config.name + BACKUP_SUFFIX)
+    try:
+        info = os.lstat(backup)
+    except FileNotFoundError:
+        pass
+    else:
+        if not stat.S_ISREG(info.st_mode):
+            raise OSError(f"{backup} exists and is not a regular file; move it away so the original can be kept")
+        return backup
+    temp = _write_new_file(config.parent, original, mode)
+    try:
+        os.link(temp, backup)  # appears complete or not at all, and never replaces an existing backup
+    except FileExistsError:
+        pass
+    finally:
+        temp.unlink(missing_ok=True)
+    _fsync_dir(config.parent)
+    return backup
+
+
+def _replace(config: Path, data: bytes, mode: int) -> None:
+    temp = _write_new_file(config.parent, data, mode)
+    try:
+        os.replace(temp, config)
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(config.parent)
+
+
+def fix_config(pack: Path) -> FixResult:
+    """Write the config edits the failing pack rows ask for; see the module docstring."""
+    config = pack / "config.json"
+    ctx = DoctorContext(pack=pack)
+    refusal = fixer_refusal(ctx)
+    if refusal:
+        return FixResult(config, refused=refusal)
+    try:
+        original = read_regular_file(config)
+        mode = stat.S_IMODE(os.stat(config).st_mode)
+    except OSError as exc:
+        return FixResult(config, refused=f"{config} cannot be read ({exc.strerror or exc})")
+    try:
+        text = original.decode("utf-8")
+    except UnicodeDecodeError:
+        return FixResult(config, refused=f"{config} is not UTF-8 text")
+    cfg = ctx.config()
+    new = planned_config(cfg, pack_scan(ctx))
+    existing_backup = config.with_name(config.name + BACKUP_SUFFIX)
+    if new == cfg:
+        return FixResult(config, backup=existing_backup if existing_backup.is_file() else None)
+    new_text = _dumps_like(text, new)
+    try:
+        backup = _keep_original(config, original, mode)
+        _replace(config, new_text.encode("utf-8"), mode)
+    except OSError as exc:
+        return FixResult(config, refused=f"config.json was not changed: {exc.strerror or exc}")
+    diff = "".join(difflib.unified_diff(
+        text.splitlines(keepends=True), new_text.splitlines(keepends=True),
+        fromfile=f"{config} (before)", tofile=f"{config}",
+    ))
+    return FixResult(config, diff=diff, backup=backup)
