@@ -1,0 +1,85 @@
+"""Wall time and peak memory of doctor's pack checks on a full-size pack.
+
+    python bench/bench_doctor.py [--repeat 5]
+
+Builds the full-size synthetic vcruz305 MixedK vision pack (48 sparse shards,
+101 GB apparent, a few MB on disk) in a temporary directory, then runs every
+pack check in a fresh interpreter per run, as a Dockerfile step would, and
+prints the median wall time of that process and its peak RSS
+(``ru_maxrss``). Targets: under 2 s and under 200 MB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BUILD = """
+import sys
+from pathlib import Path
+from tests.doctor.synthetic import FULL, build_mixedk_pack
+build_mixedk_pack(Path(sys.argv[1]), FULL)
+"""
+CHILD = """
+import json, resource, sys, time
+from pathlib import Path
+start = time.perf_counter()
+from patcher.doctor import pack
+from patcher.doctor.base import CHECKS, DoctorContext, run_checks
+ctx = DoctorContext.from_serve_args(sys.argv[2], pack=Path(sys.argv[1]))
+rows = run_checks(ctx, [spec for spec in CHECKS if spec.fn.__module__ == pack.__name__])
+print(json.dumps({
+    "seconds": time.perf_counter() - start,
+    "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    "statuses": sorted({row.status for row in rows}),
+    "rows": len(rows),
+}))
+"""
+DSPARK = """--speculative-config '{"method":"dspark","num_speculative_tokens":3}'"""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--repeat", type=int, default=5)
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="bench-doctor-"))
+    try:
+        # Built in another process: a child inherits its parent's peak RSS across fork, so the parent stays small.
+        pack = work / "pack"
+        started = time.perf_counter()
+        subprocess.run([sys.executable, "-c", BUILD, str(pack)], cwd=ROOT, check=True)
+        built = time.perf_counter() - started
+        shards = sorted(pack.glob("*.safetensors"))
+        apparent = sum(p.stat().st_size for p in shards)
+        on_disk = sum(p.stat().st_blocks * 512 for p in shards)
+        walls, inside, rss = [], [], []
+        for _ in range(args.repeat):
+            started = time.perf_counter()
+            proc = subprocess.run([sys.executable, "-c", CHILD, str(pack), DSPARK],
+                                  capture_output=True, text=True, cwd=ROOT, check=True)
+            walls.append(time.perf_counter() - started)
+            report = json.loads(proc.stdout)
+            inside.append(report["seconds"])
+            rss.append(report["max_rss_mb"])
+        med = statistics.median
+        print(f"pack: {len(shards)} shards, {apparent / 1e9:.2f} GB apparent, {on_disk / 1e6:.1f} MB on disk "
+              f"(built in {built:.1f} s)")
+        print(f"{args.repeat} runs of the {report['rows']} pack checks, one fresh interpreter each "
+              f"(statuses seen: {', '.join(report['statuses'])}):")
+        print(f"  wall time of the process, median   {med(walls):.3f} s   (target < 2 s)")
+        print(f"  imports + checks inside it, median {med(inside):.3f} s")
+        print(f"  peak RSS (ru_maxrss), max          {max(rss):.1f} MB   (target < 200 MB)")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
