@@ -32,7 +32,8 @@ SOURCE_PARTS = ("weight", "scale")
 EXPERT_BITS = {
     **{(proj, part): p * 4 + (3 if part in ("mcg", "mul1") else EXL3_PARTS.index(part))
        for p, proj in enumerate(PROJECTIONS) for part in ("trellis", "suh", "svh", "mcg", "mul1")},
-    **{(proj, part): 12 + p * 2 + SOURCE_PARTS.index(part) for p, proj in enumerate(PROJECTIONS) for part in SOURCE_PARTS},
+    **{(proj, part): 12 + p * 2 + SOURCE_PARTS.index(part)
+       for p, proj in enumerate(PROJECTIONS) for part in SOURCE_PARTS},
 }
 LAYOUT_PART = {"trellis": "trellis", "suh": "suh", "svh": "svh", "mcg": "marker", "mul1": "marker",
                "weight": "weight", "scale": "scale"}
@@ -315,7 +316,8 @@ def layer_bits_problems(quant: dict, scan: PackScan) -> list[str]:
 def source_mtp_problems(cfg: dict, quant: dict) -> list[str]:
     """What a pack with source-format MTP experts lacks for the plugin to hand them to the delegate."""
     layers = _config_int(cfg, "num_hidden_layers")
-    mode, start, delegate = (quant.get(k) for k in ("mtp_experts", "mtp_experts_start_layer", "non_routed_quantization"))
+    mode, start = quant.get("mtp_experts"), quant.get("mtp_experts_start_layer")
+    delegate = quant.get("non_routed_quantization")
     problems = []
     if mode != "source":
         problems.append(f"mtp_experts is {_json(mode) if mode is not None else 'absent'}, not \"source\"")
@@ -380,15 +382,19 @@ def fixer_refusal(ctx: DoctorContext) -> str | None:
     weights and source-format MTP experts; it deletes ``non_routed_exl3`` and re-adds
     ``mtp_experts: "source"`` on anything else (A.2 "Traps").
     """
+    return ctx.cached("pack.fixer_refusal", lambda: _fixer_refusal(ctx))
+
+
+def _fixer_refusal(ctx: DoctorContext) -> str | None:
     try:
         cfg = ctx.config()
     except PackUnreadable as exc:
         return str(exc)
     scan = pack_scan(ctx)
-    if not isinstance(_config_int(cfg, "num_hidden_layers"), int):
+    if _config_int(cfg, "num_hidden_layers") is None:
         return "config.json has no integer num_hidden_layers"
     if "non_routed_exl3" in quantization_config(cfg) or scan.dense_exl3_modules():
-        return "this is a dense-EXL3 pack (non_routed_exl3, lna-lab Dense bake), outside the recipe's routed-only block"
+        return "this is a dense-EXL3 pack (non_routed_exl3, lna-lab Dense bake), not a routed-only EXL3 pack"
     if scan.mtp_format() in ("exl3", "mixed"):
         return 'its MTP experts are EXL3 (.trellis); mtp_experts "source" would hand them to the fp8 delegate'
     if scan.listing_error or scan.problems:
@@ -491,8 +497,13 @@ def _registered_quant_methods(text: str) -> set[str] | None:
     except (SyntaxError, ValueError, RecursionError):
         return None
     for node in tree.body:
-        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
-        if any(isinstance(t, ast.Name) and t.id == "QuantizationMethods" for t in targets) and node.value is not None:
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            targets = [node.target]
+        else:
+            continue
+        if any(isinstance(t, ast.Name) and t.id == "QuantizationMethods" for t in targets):
             return {
                 c.value for c in ast.walk(node.value) if isinstance(c, ast.Constant) and isinstance(c.value, str)
             }
@@ -530,7 +541,8 @@ def check_text_config(ctx: DoctorContext) -> Row:
     if not isinstance(text_config, dict) or "num_attention_heads" not in text_config:
         return Row("pack.text-config", FAIL,
                    'config.json has a "text_config" without num_attention_heads; vLLM adopts it and fails to parse.',
-                   'Delete the "text_config" key by hand (the DeepSeek-V4 config is flat; its keys belong at the top level).')
+                   'Delete the "text_config" key by hand (the DeepSeek-V4 config is flat: its keys belong at the '
+                   "top level).")
     return Row("pack.text-config", PASS, "text_config is present and names num_attention_heads.")
 
 
@@ -572,7 +584,8 @@ def check_quant_bits(ctx: DoctorContext) -> Row:
     bits = valid_bits(quant)
     if bits is None:
         return Row("quant.bits", FAIL,
-                   f"quantization_config.bits is {_json(quant['bits'])}; vllm-exl3 accepts 2-6 and refuses the config.",
+                   f"quantization_config.bits is {_json(quant['bits'])}; vllm-exl3 accepts 2-6 and refuses "
+                   "the config.",
                    f"Set \"bits\" to the K of the layers not listed in layer_bits{suggestion}"
                    + _fix_config_note(ctx) + ".")
     return Row("quant.bits", PASS, f"quantization_config.bits is {bits}.")
@@ -586,7 +599,8 @@ def check_quant_codebook(ctx: DoctorContext) -> Row:
     scan = pack_scan(ctx)
     codebook = quant.get("codebook", "mcg")
     found = sorted(scan.routed_marker_suffixes)
-    where = f"the routed experts carry .{'/.'.join(found)} markers" if found else "no routed marker tensors were found"
+    where = (f"the routed experts carry .{'/.'.join(found)} markers" if found
+             else "no routed marker tensors were found")
     wanted = wanted_codebook(quant, scan)
     if wanted:
         return Row("quant.codebook", FAIL, f"codebook {_json(codebook)} does not match the pack: {where}.",
@@ -633,7 +647,8 @@ def check_shards(ctx: DoctorContext) -> Row:
     pack = shlex.quote(str(ctx.pack))
     redownload = f"hf download <repo-id> --local-dir {pack}"
     if scan.listing_error:
-        return Row("pack.shards", FAIL, scan.listing_error + ".", f"Check the --pack path and its permissions ({pack}).")
+        return Row("pack.shards", FAIL, scan.listing_error + ".",
+                   f"Check the --pack path and its permissions ({pack}).")
     if not scan.files:
         return Row("pack.shards", FAIL, f"{ctx.pack} holds no *.safetensors file.",
                    f"Point --pack at the directory that holds the shards, or download them: {redownload}.")
@@ -722,7 +737,10 @@ def check_symlinks(ctx: DoctorContext) -> Row:
         try:
             os.stat(entry)
         except OSError as exc:
-            reason = "a symlink loop" if exc.errno == errno.ELOOP else f"a symlink to a missing file ({os.readlink(entry)})"
+            if exc.errno == errno.ELOOP:
+                reason = "a symlink loop"
+            else:
+                reason = f"a symlink to a missing file ({os.readlink(entry)})"
             broken.append(f"{entry.name} is {reason}")
             continue
         target = os.path.realpath(entry)
@@ -834,7 +852,8 @@ def check_experts_shapes(ctx: DoctorContext) -> Row:
     if wrong:
         scalar = any(" [], expected I32 [1]" in w for w in wrong)
         note = " Scalar MCG markers must be stored as [1]." if scalar else ""
-        return Row("experts.shapes", FAIL, f"{_plural(count, 'expert tensor')} with the wrong layout; {_first(wrong)}.",
+        return Row("experts.shapes", FAIL,
+                   f"{_plural(count, 'expert tensor')} with the wrong layout; {_first(wrong)}.",
                    f"{wrong[0]} (the vllm-exl3 destination).{note} Re-create those tensors with the right layout "
                    "(or re-download the pack).")
     if (dims.intermediate // 16) % tp:
@@ -898,9 +917,10 @@ def check_markers(ctx: DoctorContext) -> Row:
     scan = pack_scan(ctx)
     if scan.bad_marker_count:
         return Row("experts.markers", FAIL,
-                   f"{scan.bad_marker_count} of {scan.markers_checked} markers are wrong; first: {scan.first_bad_marker}.",
-                   f"{scan.first_bad_marker}: the pack's packed ABI does not match vllm-exl3 (the load would fail after reading "
-                   "every shard); re-download or re-quantize the tensors with wrong markers.")
+                   f"{scan.bad_marker_count} of {scan.markers_checked} markers are wrong; "
+                   f"first: {scan.first_bad_marker}.",
+                   f"{scan.first_bad_marker}: the pack's packed ABI does not match vllm-exl3 (the load would fail "
+                   "after reading every shard); re-download or re-quantize the tensors with wrong markers.")
     if not scan.markers_checked:
         return Row("experts.markers", PASS, "the pack has no EXL3 marker tensors to read.")
     return Row("experts.markers", PASS,
@@ -970,7 +990,8 @@ def check_mtp_format(ctx: DoctorContext) -> Row:
     mode = quant.get("mtp_experts")
     if fmt == "none":
         if drafting:
-            return Row("mtp.format", FAIL, "--speculative-config drafts from MTP layers, but the pack has no MTP experts.",
+            return Row("mtp.format", FAIL,
+                       "--speculative-config drafts from MTP layers, but the pack has no MTP experts.",
                        "Drop --speculative-config, or serve a pack that ships its MTP (DSpark) layers.")
         return Row("mtp.format", PASS, "the pack has no MTP experts (no speculative decoding from it).")
     problems, fix = [], ""
@@ -986,8 +1007,9 @@ def check_mtp_format(ctx: DoctorContext) -> Row:
         wanted = {}
         for block, k in sorted(scan.layer_k("mtp").items()):
             index = (layers or 0) + block
-            if k is not None and layer_bits.get(index, bits) != k:
-                problems.append(f"layer {index} (mtp.{block}) declares K{layer_bits.get(index, bits)}, its trellis is K{k}")
+            declared = layer_bits.get(index, bits)
+            if k is not None and declared != k:
+                problems.append(f"layer {index} (mtp.{block}) declares K{declared}, its trellis is K{k}")
                 wanted[str(index)] = k
         steps = (['remove "mtp_experts" and "mtp_experts_start_layer" from quantization_config']
                  if mode not in (None, "exl3") else [])
@@ -995,7 +1017,7 @@ def check_mtp_format(ctx: DoctorContext) -> Row:
         fix = "For this EXL3 draft, " + " and ".join(steps) + "."
     else:
         problems.append("some MTP experts are in the source format and some in EXL3")
-        fix = "Rebuild the MTP overlay so every draft expert has one format (L tools/mtp_overlay.py)."
+        fix = "Rebuild the MTP overlay so every draft expert has one format (lna-lab tools/mtp_overlay.py)."
     if not problems:
         return Row("mtp.format", PASS, f"MTP experts are {fmt}-format and quantization_config declares them so.")
     symptom = {"source": " (KeyError: 'w13_weight_scale')", "exl3": " (EXL3 load shape mismatch)"}.get(fmt, "")
@@ -1029,7 +1051,8 @@ def check_quant_delegate(ctx: DoctorContext) -> Row:
     if method not in methods:
         return Row("quant.delegate", FAIL,
                    f'non_routed_quantization names "{method}", which {where} does not register.',
-                   f'Use "fp8" (the DeepSeek-V4 block-FP8 declaration): "non_routed_quantization": {_json(FP8_DELEGATE)}.')
+                   'Use "fp8" (the DeepSeek-V4 block-FP8 declaration): '
+                   f'"non_routed_quantization": {_json(FP8_DELEGATE)}.')
     return Row("quant.delegate", PASS, f'non_routed_quantization "{method}" is a method this vLLM registers.')
 
 
@@ -1070,7 +1093,8 @@ def check_dense_exl3_map(ctx: DoctorContext) -> Row:
     modules = scan.dense_exl3_modules()
     if not nre and not modules:
         return Row("dense.exl3-map", PASS, "routed-only EXL3: no dense EXL3 tensors and no non_routed_exl3.")
-    restore = "Restore quantization_config.non_routed_exl3 from the bake's merged config (L tools/dense_bake.py --merge)."
+    restore = ("Restore quantization_config.non_routed_exl3 from the bake's merged config "
+               "(lna-lab tools/dense_bake.py --merge).")
     if nre and not isinstance(nre, dict):
         return Row("dense.exl3-map", FAIL,
                    f"quantization_config.non_routed_exl3 is a JSON {type(nre).__name__}; vllm-exl3 needs an object.",
@@ -1153,7 +1177,8 @@ def check_wo_a_slices(ctx: DoctorContext) -> Row:
            "with recipe-lna/patch_dsv4_dense_exl3.py applied.")
     partial = sorted(layer for layer, ids in slices.items() if ids != set(range(n)))
     if partial:
-        return Row("dense.wo-a-slices", FAIL, f"layer {partial[0]} has wo_a slices {sorted(slices[partial[0]])}, not 0-{n - 1}.",
+        return Row("dense.wo-a-slices", FAIL,
+                   f"layer {partial[0]} has wo_a slices {sorted(slices[partial[0]])}, not 0-{n - 1}.",
                    "Re-run the dense merge: every layer needs all of its wo_a slices.")
     tp = tensor_parallel(ctx)
     if tp != n:
@@ -1169,7 +1194,8 @@ def check_wo_a_slices(ctx: DoctorContext) -> Row:
         return Row("dense.wo-a-slices", FAIL,
                    f"wo_a is stored as {n} slices but {model_where} (and its flashinfer_sparse.py) lack lna-lab's "
                    "dense patch.", fix)
-    return Row("dense.wo-a-slices", PASS, f"wo_a is stored as {n} slices, served at TP {tp} on a vLLM with lna-lab's dense patch.")
+    return Row("dense.wo-a-slices", PASS,
+               f"wo_a is stored as {n} slices, served at TP {tp} on a vLLM with lna-lab's dense patch.")
 
 
 # --------------------------------------------------------------------------- checks: model keys
@@ -1187,7 +1213,8 @@ def check_topk_method(ctx: DoctorContext) -> Row:
     if not biased:
         return Row("config.topk-method", PASS, "no routing bias (ffn.gate.bias) on a non-hash layer.")
     if method == "noaux_tc":
-        return Row("config.topk-method", PASS, f'{len(biased)} layers ship ffn.gate.bias and topk_method is "noaux_tc".')
+        return Row("config.topk-method", PASS,
+                   f'{_plural(len(biased), "layer")} ship ffn.gate.bias and topk_method is "noaux_tc".')
     found = "absent" if method is None else _json(method)
     return Row("config.topk-method", FAIL,
                f"the checkpoint ships routing biases on {len(biased)} layers (layers.{biased[0]}.ffn.gate.bias) but "
@@ -1204,11 +1231,13 @@ def check_hash_layers(ctx: DoctorContext) -> Row:
     declared = cfg.get("num_hash_layers")
     layers = sorted(pack_scan(ctx).tid2eid_layers)
     if layers != list(range(len(layers))):
-        return Row("config.hash-layers", FAIL, f"ffn.gate.tid2eid is on layers {layers}, not on the first {len(layers)}.",
+        return Row("config.hash-layers", FAIL,
+                   f"ffn.gate.tid2eid is on layers {layers}, not on the first {len(layers)}.",
                    "Re-download the shards holding the first layers' gate tensors.")
     if (declared or 0) != len(layers) or isinstance(declared, bool):
         return Row("config.hash-layers", FAIL,
-                   f"num_hash_layers is {_json(declared)} but the checkpoint has tid2eid on {_plural(len(layers), 'layer')}.",
+                   f"num_hash_layers is {_json(declared)} but the checkpoint has tid2eid on "
+                   f"{_plural(len(layers), 'layer')}.",
                    f'Set "num_hash_layers": {len(layers)} in config.json (restore it from the source config).')
     return Row("config.hash-layers", PASS, f"num_hash_layers {len(layers)} matches the layers carrying tid2eid.")
 
@@ -1261,17 +1290,20 @@ def check_spec_k(ctx: DoctorContext) -> Row:
         return Row("config.spec-k", PASS, "no --speculative-config on the serve command line.")
     if isinstance(spec, str):
         return Row("config.spec-k", FAIL, spec + ".",
-                   '--speculative-config takes a JSON object, e.g. \'{"method":"dspark","num_speculative_tokens":3}\'.')
+                   "--speculative-config takes a JSON object, e.g. "
+                   """'{"method":"dspark","num_speculative_tokens":3}'.""")
     method = spec.get("method")
     if method not in MTP_DRAFT_METHODS:
-        return Row("config.spec-k", PASS, f"speculative method {_json(method)} does not draft from the pack's MTP layers.")
+        return Row("config.spec-k", PASS,
+                   f"speculative method {_json(method)} does not draft from the pack's MTP layers.")
     n = len(pack_scan(ctx).mtp_blocks) or _config_int(ctx.config(), "num_nextn_predict_layers") or 0
     k = spec.get("num_speculative_tokens")
     if n == 0:
         return Row("config.spec-k", FAIL, f"--speculative-config asks for {method}, but the pack has no MTP layers.",
                    "Drop --speculative-config, or serve a pack that ships its MTP layers.")
     if not isinstance(k, int) or isinstance(k, bool):
-        return Row("config.spec-k", PASS, f"{method} with num_speculative_tokens unset: vLLM uses the {n} MTP layers.")
+        return Row("config.spec-k", PASS,
+                   f"{method} with num_speculative_tokens unset: vLLM uses the {n} MTP layers.")
     if k > n and k % n:
         return Row("config.spec-k", FAIL, f"num_speculative_tokens is {k} and the pack has {n} MTP layers.",
                    f"num_speculative_tokens={k} is not allowed with {n} MTP layers; use {n} (or a multiple of {n}).")

@@ -8,6 +8,9 @@ the header, so a tensor starts at ``8 + header_len + data_offsets[0]``.
 Every way a shard can be damaged is reported as :class:`ShardError`, whose
 message names the file and the reason; nothing here raises anything else for
 bad input (A.4; L ``tools/mtp_overlay.py`` ``read_header``/``validate_header``).
+A shard whose header is sound but whose length disagrees with it (truncated by
+an interrupted download) opens anyway, with the error in ``size_error``, so its
+tensor names still count.
 """
 
 from __future__ import annotations
@@ -90,7 +93,6 @@ class Shard:
         self.path = path
         self.fd = -1
         self.tensors: dict[str, dict] = {}
-        self.metadata: dict = {}
         self.header_len = 0
         self.file_size = 0
         self.size_error: ShardError | None = None
@@ -158,8 +160,7 @@ class Shard:
         del text
         if not isinstance(header, dict):
             raise self._fail(f"header is a JSON {type(header).__name__}, not an object")
-        metadata = header.pop("__metadata__", {})
-        if not isinstance(metadata, dict):
+        if not isinstance(header.pop("__metadata__", {}), dict):
             raise self._fail("header __metadata__ is not an object")
         max_end = 0
         for name, entry in header.items():
@@ -176,7 +177,6 @@ class Shard:
                                          expected_size=expected, found_size=self.file_size)
         self.header_len = header_len
         self.tensors = header
-        self.metadata = metadata
 
     def read_i32(self, name: str) -> int:
         """The int32 stored at the start of tensor ``name`` (4 bytes read, nothing else)."""
