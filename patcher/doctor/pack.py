@@ -414,6 +414,13 @@ def _fix_config_note(ctx: DoctorContext) -> str:
     return ""
 
 
+def _no_shards(check_id: str, scan: PackScan) -> Row | None:
+    """A skip row for a header-only check when there are no headers to read (pack.shards says why)."""
+    if scan.listing_error or not scan.files:
+        return Row(check_id, SKIP, "no shard to read (see pack.shards).")
+    return None
+
+
 def _first(items: list[str]) -> str:
     return f"{items[0]} (and {len(items) - 1} more)" if len(items) > 1 else items[0]
 
@@ -680,6 +687,9 @@ def check_index(ctx: DoctorContext) -> Row:
     skips it) or names a file that is not there (FileNotFoundError) (V0.28.0
     model_loader/weight_utils.py:573-598; P README.md "Native ExLlamaV3 packs")."""
     pack = ctx.pack
+    scan = pack_scan(ctx)
+    if scan.listing_error:
+        return Row("pack.index", SKIP, scan.listing_error + " (see pack.shards).")
     path = pack / INDEX_NAME
     regenerate = "Regenerate the index from the files on disk (or delete it: the vcruz305 pack ships none)."
     try:
@@ -695,7 +705,7 @@ def check_index(ctx: DoctorContext) -> Row:
     if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
         return Row("pack.index", FAIL, f"{INDEX_NAME} has no valid weight_map (name -> file).", regenerate)
     listed = set(weight_map.values())
-    on_disk = {p.name for p in pack_scan(ctx).files}
+    on_disk = {p.name for p in scan.files}
     unlisted = sorted(on_disk - listed)
     absent = sorted(name for name in listed if not (pack / name).is_file())
     if unlisted:
@@ -727,8 +737,7 @@ def check_symlinks(ctx: DoctorContext) -> Row:
     try:
         entries = sorted(pack.iterdir(), key=lambda p: p.name)
     except OSError as exc:
-        return Row("pack.symlinks", FAIL, f"{pack} cannot be listed ({exc.strerror or exc}).",
-                   "Check the --pack path and its permissions.")
+        return Row("pack.symlinks", SKIP, f"{pack} cannot be listed ({exc.strerror or exc}; see pack.shards).")
     broken, outside = [], []
     real_pack = os.path.realpath(pack)
     for entry in entries:
@@ -872,6 +881,8 @@ def check_experts_one_k(ctx: DoctorContext) -> Row:
     a multiple of 16: per-layer bits cannot express it and the fused MoE needs one K per layer
     (R fix_pack_config.py:60-63; P physical_k_compat.py)."""
     scan = pack_scan(ctx)
+    if skip := _no_shards("experts.one-k", scan):
+        return skip
     problems = []
     for (block, layer), widths in sorted(scan.widths.items()):
         if len(widths) > 1:
@@ -884,6 +895,8 @@ def check_experts_one_k(ctx: DoctorContext) -> Row:
                    f"{problems[0].split(' (')[0]}; per-layer bits cannot express it and the fused MoE needs one K "
                    "per layer: re-quantize (or re-download) that layer's experts at one K.")
     ks = Counter(k for k in scan.layer_k().values() if k)
+    if not ks:
+        return Row("experts.one-k", PASS, "the shards hold no routed-expert trellis (see experts.complete).")
     return Row("experts.one-k", PASS,
                "every expert layer has one trellis width ("
                + ", ".join(f"{n} at K{k}" for k, n in sorted(ks.items())) + ").")
@@ -915,6 +928,8 @@ def check_markers(ctx: DoctorContext) -> Row:
     4 bytes each): vllm-exl3 raises ``packed ABI mismatch`` only after the full load
     (P exl3.py:94,96, Exl3MoEMethod.process_weights_after_loading; L mtp_overlay.py verify_output)."""
     scan = pack_scan(ctx)
+    if skip := _no_shards("experts.markers", scan):
+        return skip
     if scan.bad_marker_count:
         return Row("experts.markers", FAIL,
                    f"{scan.bad_marker_count} of {scan.markers_checked} markers are wrong; "
@@ -1164,8 +1179,11 @@ def check_wo_a_slices(ctx: DoctorContext) -> Row:
     of slices (8) with lna-lab's dense patch applied to the installed vLLM (its ``attn.wo_a.slice``
     mapping in deepseek_v4/nvidia/model.py and the ``_exl3_linears`` branch in flashinfer_sparse.py)
     (L tools/README-dense-serve.md, "TP=8 serving"; recipe-lna/patch_dsv4_dense_exl3.py)."""
+    scan = pack_scan(ctx)
+    if skip := _no_shards("dense.wo-a-slices", scan):
+        return skip
     slices: dict[int, set[int]] = defaultdict(set)
-    for module in pack_scan(ctx).dense:
+    for module in scan.dense:
         _, layer, rest = module.split(".", 2)
         match = WO_A_SLICE.match(rest)
         if match:

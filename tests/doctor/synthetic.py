@@ -29,7 +29,8 @@ from math import prod
 from pathlib import Path
 from typing import Callable
 
-from patcher.doctor.base import Runtime
+from patcher.doctor import pack as pack_checks
+from patcher.doctor.base import CHECKS, FAIL, DoctorContext, Row, Runtime, run_checks
 from patcher.doctor.safetensors import DTYPE_SIZES
 
 MCG = -877912083
@@ -428,3 +429,20 @@ def fake_vllm(root: Path, *, version: str = "0.30.0", route_b: bool = False, lna
     (quant / "__init__.py").write_text(QUANT_INIT)
     return Runtime(site_dirs=(root,), vllm_root=root, vllm_version=version)
 
+
+
+# ------------------------------------------------------------------ running the pack checks
+
+
+PACK_CHECKS = [spec for spec in CHECKS if spec.fn.__module__ == pack_checks.__name__]
+DSPARK = """--speculative-config '{"method": "dspark", "num_speculative_tokens": 3}'"""
+
+
+def run_pack_checks(pack: Path, serve_args: str = "", runtime: Runtime | None = None) -> dict[str, Row]:
+    """Every pack row by id; no row may be an internal error (a check that raised)."""
+    ctx = DoctorContext.from_serve_args(serve_args, pack=pack, runtime=runtime)
+    rows = run_checks(ctx, PACK_CHECKS)
+    assert [r.id for r in rows] == [spec.id for spec in PACK_CHECKS]
+    crashed = [r for r in rows if r.status == FAIL and r.detail.startswith("internal error")]
+    assert not crashed, crashed
+    return {row.id: row for row in rows}

@@ -10,8 +10,14 @@ import pytest
 
 from patcher.doctor.base import FAIL, PASS
 from patcher.doctor.fix_config import fix_config
-from tests.doctor.conftest import DSPARK, run_pack_checks
-from tests.doctor.synthetic import SMALL, build_lna_dense_pack, build_mixedk_pack, routed_experts
+from tests.doctor.synthetic import (
+    DSPARK,
+    SMALL,
+    build_lna_dense_pack,
+    build_mixedk_pack,
+    routed_experts,
+    run_pack_checks,
+)
 
 BASE_MODEL_QUANT = {  # the leftover declaration of DeepSeek-V4-Flash itself
     "activation_scheme": "dynamic",
@@ -136,6 +142,20 @@ def test_the_write_keeps_the_mode_and_replaces_a_symlinked_config_without_touchi
     config = pack / "config.json"
     assert not config.is_symlink() and stat.S_IMODE(config.stat().st_mode) == 0o640
     assert blob.read_bytes() == original == (pack / "config.json.bak").read_bytes()
+
+
+def test_a_failed_write_leaves_the_config_as_it_was(tmp_path, monkeypatch):
+    pack = build_mixedk_pack(tmp_path / "pack", edit_config=as_downloaded)
+    original = (pack / "config.json").read_bytes()
+
+    def full_disk(src, dst):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", full_disk)
+    result = fix_config(pack)
+    assert result.refused == "config.json was not changed: No space left on device" and not result.changed
+    assert (pack / "config.json").read_bytes() == original == (pack / "config.json.bak").read_bytes()
+    assert sorted(p.name for p in pack.iterdir() if p.name.startswith(".")) == []
 
 
 def test_a_backup_name_taken_by_something_else_stops_the_fix(tmp_path):

@@ -14,8 +14,8 @@ import pytest
 from patcher.doctor.base import FAIL, PASS, SKIP, WARN, DoctorContext
 from patcher.doctor.pack import pack_facts
 from patcher.doctor.safetensors import Shard, ShardError
-from tests.doctor.conftest import DSPARK, run_pack_checks
 from tests.doctor.synthetic import (
+    DSPARK,
     FULL,
     MCG,
     Tensor,
@@ -23,6 +23,7 @@ from tests.doctor.synthetic import (
     build_mixedk_pack,
     fake_vllm,
     holder,
+    run_pack_checks,
     shard_name,
     write_shard,
 )
@@ -359,6 +360,24 @@ def test_a_damaged_shard_is_a_fail_row_naming_it(make, reason, mixedk):
     rows = run_pack_checks(pack)
     assert rows["pack.shards"].status == FAIL
     assert f"model-extra.safetensors: {reason}" in rows["pack.shards"].detail
+
+
+def test_a_hub_cache_snapshot_made_of_links_into_its_blobs_is_fine(tmp_path):
+    repo = tmp_path / "models--vcruz305--pack"
+    pack = build_mixedk_pack(repo / "snapshots" / "abc123")
+    (repo / "blobs").mkdir()
+    (pack / "config.json").rename(repo / "blobs" / "f00d")
+    (pack / "config.json").symlink_to("../../blobs/f00d")
+    rows = run_pack_checks(pack)
+    assert rows["pack.symlinks"].status == PASS and rows["pack.config"].status == PASS
+
+
+def test_a_pack_directory_that_does_not_exist(tmp_path):
+    rows = run_pack_checks(tmp_path / "nowhere")
+    assert rows["pack.config"].status == FAIL and rows["pack.shards"].status == FAIL
+    assert f"{tmp_path / 'nowhere'} cannot be listed" in rows["pack.shards"].detail
+    assert {r: rows[r].status for r in rows if rows[r].status != SKIP} == {
+        "pack.config": FAIL, "pack.shards": FAIL, "config.spec-k": PASS}
 
 
 def test_a_symlink_loop_also_fails_the_symlink_row(mixedk):
