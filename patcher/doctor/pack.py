@@ -82,6 +82,7 @@ class PackScan:
     """What the headers hold, summarised in one pass over the shards."""
 
     files: list[Path] = field(default_factory=list)
+    tensor_counts: dict[str, int] = field(default_factory=dict)  # file name -> tensors in its header
     listing_error: str | None = None
     problems: list[ShardError] = field(default_factory=list)
     safetensors_bytes: int = 0
@@ -221,6 +222,7 @@ def scan_pack(pack: Path) -> PackScan:
             with Shard(path) as shard:
                 if shard.size_error:
                     scan.problems.append(shard.size_error)
+                scan.tensor_counts[path.name] = len(shard.tensors)
                 scan.add_shard(shard)
         except ShardError as exc:
             scan.problems.append(exc)
@@ -683,8 +685,8 @@ def check_shards(ctx: DoctorContext) -> Row:
 
 @check("pack.index", needs=("pack",))
 def check_index(ctx: DoctorContext) -> Row:
-    """FAIL if ``model.safetensors.index.json`` leaves out a ``*.safetensors`` on disk (vLLM silently
-    skips it) or names a file that is not there (FileNotFoundError) (V0.28.0
+    """FAIL if ``model.safetensors.index.json`` leaves out a ``*.safetensors`` on disk that holds tensors
+    (vLLM silently skips it) or names a file that is not there (FileNotFoundError) (V0.28.0
     model_loader/weight_utils.py:573-598; P README.md "Native ExLlamaV3 packs")."""
     pack = ctx.pack
     scan = pack_scan(ctx)
@@ -706,7 +708,8 @@ def check_index(ctx: DoctorContext) -> Row:
         return Row("pack.index", FAIL, f"{INDEX_NAME} has no valid weight_map (name -> file).", regenerate)
     listed = set(weight_map.values())
     on_disk = {p.name for p in scan.files}
-    unlisted = sorted(on_disk - listed)
+    # vLLM skipping a shard that holds no tensor loses nothing.
+    unlisted = sorted(name for name in on_disk - listed if scan.tensor_counts.get(name, 1))
     absent = sorted(name for name in listed if not (pack / name).is_file())
     if unlisted:
         return Row("pack.index", FAIL,

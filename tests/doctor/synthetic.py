@@ -203,15 +203,15 @@ def mixedk_shards(g: Geometry) -> Shards:
     main = g.shards - g.mtp_layers
     names = [shard_name(n, g.shards) for n in range(1, g.shards + 1)]
     shards: Shards = {name: {} for name in names}
-    shards[names[0]].update({"embed.weight": Tensor("BF16", [g.vocab, g.hidden])})
-    shards[names[0]].update(vision_tensors(g))
     ratios = compress_ratios(g)
+    # The embeddings and vision tower, each layer, then the head: spread over the main shards in order.
+    units = [{"embed.weight": Tensor("BF16", [g.vocab, g.hidden]), **vision_tensors(g)}]
     for layer in range(g.layers):
-        target = shards[names[layer * main // g.layers]]
-        target.update(block_tensors(g, f"layers.{layer}", ratios[layer], hash_layer=layer < g.hash_layers))
-        target.update(routed_experts(g, f"layers.{layer}", k_of(g, layer)))
-    shards[names[main - 1]].update({"norm.weight": Tensor("BF16", [g.hidden]),
-                                    "head.weight": Tensor("BF16", [g.vocab, g.hidden])})
+        units.append({**block_tensors(g, f"layers.{layer}", ratios[layer], hash_layer=layer < g.hash_layers),
+                      **routed_experts(g, f"layers.{layer}", k_of(g, layer))})
+    units.append({"norm.weight": Tensor("BF16", [g.hidden]), "head.weight": Tensor("BF16", [g.vocab, g.hidden])})
+    for i, unit in enumerate(units):
+        shards[names[i * main // len(units)]].update(unit)
     for m in range(g.mtp_layers):
         target = shards[names[main + m]]
         target.update(block_tensors(g, f"mtp.{m}", 0, hash_layer=False))
