@@ -531,8 +531,8 @@ def check_config(ctx: DoctorContext) -> Row:
         return Row("pack.config", FAIL, str(exc),
                    f"config.json is missing or invalid in {ctx.pack}; download the pack again.")
     return Row("pack.config", PASS,
-               f"config.json read: model_type {cfg.get('model_type')!r}, "
-               f"{cfg.get('num_hidden_layers')} layers, {len(cfg)} top-level keys.")
+               f"config.json read: model_type {_json(cfg.get('model_type'))}, "
+               f"num_hidden_layers {_json(cfg.get('num_hidden_layers'))}, {len(cfg)} top-level keys.")
 
 
 @check("pack.text-config", needs=("pack",))
@@ -750,17 +750,17 @@ def check_symlinks(ctx: DoctorContext) -> Row:
             os.stat(entry)
         except OSError as exc:
             if exc.errno == errno.ELOOP:
-                reason = "a symlink loop"
+                broken.append((entry.name, "a symlink loop"))
             else:
-                reason = f"a symlink to a missing file ({os.readlink(entry)})"
-            broken.append(f"{entry.name} is {reason}")
+                broken.append((entry.name, f"a symlink to a missing file ({os.readlink(entry)})"))
             continue
         target = os.path.realpath(entry)
         if not _inside(target, real_pack) and not _is_hub_cache_blob(pack, target):
             outside.append(f"{entry.name} -> {target}")
     if broken:
-        return Row("pack.symlinks", FAIL, _first(broken) + ".",
-                   f"{broken[0].split(' is ')[0]} is a symlink to a missing file; copy the file into the pack "
+        name, reason = broken[0]
+        return Row("pack.symlinks", FAIL, _first([f"{n} is {r}" for n, r in broken]) + ".",
+                   f"{name} is {reason.split(' (')[0]}; copy the real file into the pack in its place "
                    "(derived packs should not depend on the source pack).")
     if outside:
         return Row("pack.symlinks", WARN, f"{_first(outside)} points outside the pack.",
@@ -949,6 +949,7 @@ def check_markers(ctx: DoctorContext) -> Row:
 
 
 def plain_bf16_dense(scan: PackScan) -> list[str]:
+    """Dense linears stored as a BF16 ``.weight`` with no scale tensor and no EXL3 trellis."""
     scale_parts = ("scale", "weight_scale_inv", "weight_scale")
     return [
         module for module, parts in sorted(scan.dense.items())
@@ -960,7 +961,8 @@ def plain_bf16_dense(scan: PackScan) -> list[str]:
 @check("dense.policy", needs=("pack",))
 def check_dense_policy(ctx: DoctorContext) -> Row:
     """FAIL if dense linears are BF16 without scales, not covered by ``non_routed_exl3``, the policy is
-    not ``bf16_as_stored`` and the installed vLLM lacks the route-B loader (``_bf16_to_fp8_stream`` in
+    not ``bf16_as_stored``, a ``non_routed_quantization`` delegate is declared (without one the plugin
+    keeps them unquantized) and the installed vLLM lacks the route-B loader (``_bf16_to_fp8_stream`` in
     deepseek_v4/nvidia/model.py): the plugin hands them to the fp8 method and the model returns empty or
     uniform text with no error (R README.md:309-319; LOADER_NOTES.md:134-140,166-180; P exl3.py
     get_quant_method). Without a located vLLM the route-B half is reported as unchecked."""
@@ -973,6 +975,11 @@ def check_dense_policy(ctx: DoctorContext) -> Row:
     if policy == STOCK_POLICY:
         return Row("dense.policy", PASS, f'{example}, and non_routed_dtype_policy is "{STOCK_POLICY}".')
     found = "absent" if policy is None else f'"{policy}"'
+    delegate = quant.get("non_routed_quantization")
+    if not (isinstance(delegate, dict) and delegate.get("quant_method")):
+        return Row("dense.policy", PASS,
+                   f"{example}; policy {found}, but with no non_routed_quantization delegate vllm-exl3 keeps them "
+                   "unquantized.")
     fix = (f'Set "non_routed_dtype_policy": "{STOCK_POLICY}" in quantization_config{_fix_config_note(ctx)}, '
            "and keep non_routed_quantization for the DSpark draft. (Hub packs downloaded after 2026-09-01 ship "
            "the fork value.)")

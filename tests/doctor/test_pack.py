@@ -199,7 +199,7 @@ CASES = {
         "Restore model-99999.safetensors", pack="lna", after=index_naming("model-99999.safetensors"),
         serve_args=TP8),
     "dangling_symlink": Case(
-        "pack.symlinks", FAIL, "extra.safetensors is a symlink to a missing file", "copy the file into the pack",
+        "pack.symlinks", FAIL, "extra.safetensors is a symlink to a missing file", "copy the real file into the pack",
         after=lambda pack: (pack / "extra.safetensors").symlink_to(pack.parent / "gone.safetensors")),
     "symlink_out_of_the_pack": Case(
         "pack.symlinks", WARN, "tokenizer.json ->", "Copy the linked files into the pack",
@@ -308,6 +308,16 @@ def test_the_fork_policy_passes_on_a_vllm_with_the_route_b_loader(mixedk, tmp_pa
     pack = mixedk(edit_config=set_key("quantization_config", "non_routed_dtype_policy", value="official_source_native"))
     row = run_pack_checks(pack, runtime=fake_vllm(tmp_path / "site", route_b=True))["dense.policy"]
     assert row.status == PASS and "_bf16_to_fp8_stream" in row.detail
+
+
+def test_the_fork_policy_without_a_delegate_leaves_bf16_dense_weights_alone(mixedk, stock_vllm):
+    def no_delegate(config):
+        quant = config["quantization_config"]
+        quant["non_routed_dtype_policy"] = "official_source_native"
+        del quant["non_routed_quantization"]
+
+    row = run_pack_checks(mixedk(edit_config=no_delegate), runtime=stock_vllm)["dense.policy"]
+    assert row.status == PASS and "no non_routed_quantization delegate" in row.detail
 
 
 def test_a_vision_pack_on_vllm_0_28_serves_text_only(mixedk, tmp_path):
