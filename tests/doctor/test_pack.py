@@ -226,6 +226,13 @@ CASES = {
     "wrong_marker_in_one_expert": Case(
         "experts.markers", FAIL, f"1 of 48 markers are wrong; first: {EXPERT}.w3.mcg holds 12345, not the MCG marker",
         "packed ABI does not match vllm-exl3", edit_tensors=change(f"{EXPERT}.w3.mcg", marker=12345)),
+    "wrong_marker_in_the_last_expert": Case(
+        "experts.markers", FAIL, "first: layers.3.ffn.experts.3.w2.mcg holds 0, not the MCG marker",
+        "packed ABI does not match", edit_tensors=change("layers.3.ffn.experts.3.w2.mcg", marker=0)),
+    "wrong_dense_marker": Case(
+        "experts.markers", FAIL, "first: layers.3.attn.wo_a.slice.7.mcg holds -2082680531, not the MCG marker",
+        "packed ABI does not match", pack="lna", serve_args=TP8, vllm={"lna_dense": True},
+        edit_tensors=change("layers.3.attn.wo_a.slice.7.mcg", marker=-2082680531)),
     "fork_policy_with_bf16_dense": Case(
         "dense.policy", FAIL, 'non_routed_dtype_policy is "official_source_native" with 40 dense linears stored as BF16',
         f'"non_routed_dtype_policy": "bf16_as_stored"',
