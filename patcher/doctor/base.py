@@ -12,6 +12,7 @@ Statuses: ``pass``, ``warn``, ``fail``, ``skip``, ``info``. Every ``warn`` and
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shlex
@@ -80,9 +81,9 @@ def read_regular_file(path: Path, limit: int = 64 << 20) -> bytes:
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            raise OSError(f"{path} is not a regular file")
+            raise OSError(errno.EINVAL, "not a regular file")
         if info.st_size > limit:
-            raise OSError(f"{path} is {info.st_size} bytes, more than the {limit} doctor reads")
+            raise OSError(errno.EFBIG, f"{info.st_size} bytes, more than the {limit} doctor reads")
         chunks = []
         while chunk := os.read(fd, 1 << 20):
             chunks.append(chunk)
@@ -127,7 +128,7 @@ class DoctorContext:
                 return PackUnreadable(f"{path} not found")
             except OSError as exc:
                 return PackUnreadable(f"{path} cannot be read ({exc.strerror or exc})")
-            except (OSError, ValueError, RecursionError) as exc:
+            except (ValueError, RecursionError) as exc:
                 return PackUnreadable(f"{path} is not valid JSON ({type(exc).__name__}: {exc})")
             if not isinstance(data, dict):
                 return PackUnreadable(f"{path} holds a JSON {type(data).__name__}, not an object")
