@@ -271,7 +271,10 @@ def run_tool(ctx: DoctorContext, name: str, args: Sequence[str], timeout: float 
     try:
         out, _ = proc.communicate(timeout=limit)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:  # it ended between the timeout and the kill
+            pass
         proc.communicate()
         return ToolRun(None, f"{name} did not answer within {limit:g} s")
     if proc.returncode != 0:
