@@ -43,7 +43,9 @@ def _read_envs(path: Path) -> VllmEnvs | None:
         return None
     # Helpers such as maybe_convert_int() parse with int() for the entries that call them.
     int_helpers = {"int"} | {
-        f.name for f in tree.body if isinstance(f, ast.FunctionDef)
+        f.name
+        for f in tree.body
+        if isinstance(f, ast.FunctionDef)
         and any(isinstance(c, ast.Call) and isinstance(c.func, ast.Name) and c.func.id == "int" for c in ast.walk(f))
     }
     known, int_parsed = set(), set()
@@ -51,7 +53,10 @@ def _read_envs(path: Path) -> VllmEnvs | None:
         if not (isinstance(key, ast.Constant) and isinstance(key.value, str)):
             continue
         known.add(key.value)
-        if any(isinstance(c, ast.Call) and isinstance(c.func, ast.Name) and c.func.id in int_helpers for c in ast.walk(value)):
+        if any(
+            isinstance(c, ast.Call) and isinstance(c.func, ast.Name) and c.func.id in int_helpers
+            for c in ast.walk(value)
+        ):
             int_parsed.add(key.value)
     return VllmEnvs(frozenset(known), frozenset(int_parsed))
 
@@ -85,16 +90,36 @@ def unknown_vllm_variables(ctx: DoctorContext) -> Row:
     plugin_own = [v for v in unknown if v.startswith("VLLM_EXL3_")]
     others = [v for v in unknown if v not in plugin_own]
     if ctx.serve_switch("--fail-on-environ-validation"):
-        fix = (f"unset {' '.join(others)}" if others else "") + \
-              ("; " if others and plugin_own else "") + \
-              ("drop --fail-on-environ-validation (vllm-exl3's VLLM_EXL3_* are unknown to vLLM by design)" if plugin_own else "")
-        return Row("env.unknown-vllm", FAIL, f"{', '.join(unknown)} unknown to vLLM {version}: with "
-                                             "--fail-on-environ-validation it raises ValueError at startup.", fix)
+        steps = ([f"unset {' '.join(others)}"] if others else []) + (
+            ["drop --fail-on-environ-validation (vllm-exl3's VLLM_EXL3_* are unknown to vLLM by design)"]
+            if plugin_own
+            else []
+        )
+        return Row(
+            "env.unknown-vllm",
+            FAIL,
+            f"{_are(unknown)} unknown to vLLM {version}: with "
+            "--fail-on-environ-validation it raises ValueError at startup.",
+            "; ".join(steps),
+        )
     if others:
-        return Row("env.unknown-vllm", WARN, f"{', '.join(others)} unknown to vLLM {version} (logged as \"Unknown vLLM "
-                                             "environment variable\"; it has no effect there).", f"unset {' '.join(others)}")
-    return Row("env.unknown-vllm", INFO, f"{', '.join(plugin_own)} {'is' if len(plugin_own) == 1 else 'are'} read by "
-                                         f"vllm-exl3; vLLM {version} logs it as unknown, which is harmless.")
+        return Row(
+            "env.unknown-vllm",
+            WARN,
+            f'{_are(others)} unknown to vLLM {version} (logged as "Unknown vLLM '
+            'environment variable"; it has no effect there).',
+            f"unset {' '.join(others)}",
+        )
+    return Row(
+        "env.unknown-vllm",
+        INFO,
+        f"{_are(plugin_own)} read by vllm-exl3; vLLM {version} logs "
+        f"{'it' if len(plugin_own) == 1 else 'them'} as unknown, which is harmless.",
+    )
+
+
+def _are(names: list[str]) -> str:
+    return f"{', '.join(names)} {'is' if len(names) == 1 else 'are'}"
 
 
 _WORDS = {"true": "1", "yes": "1", "on": "1", "false": "0", "no": "0", "off": "0"}
@@ -123,8 +148,12 @@ def integer_variables(ctx: DoctorContext) -> Row:
     if bad:
         said = ", ".join(f"{name}={value!r}" for name, value in bad)
         fix = " ".join(f"{name}={_WORDS.get(value.strip().lower(), '<integer>')}" for name, value in bad)
-        return Row("env.int-parse", FAIL, f"{said} must be an integer: vLLM parses it with int() and stops at startup.",
-                   f"export {fix}")
+        return Row(
+            "env.int-parse",
+            FAIL,
+            f"{said} must be an integer: vLLM parses it with int() and stops at startup.",
+            f"export {fix}",
+        )
     checked = sorted(n for n in ctx.environ if n in envs.int_parsed)
     return Row("env.int-parse", PASS, f"integer variables set: {', '.join(checked) or 'none'}; all parse.")
 
@@ -151,9 +180,13 @@ def shared_expert_stream(ctx: DoctorContext) -> Row:
     if _switch_on(value):
         return Row("env.shared-stream", PASS, f"the shared experts are EXL3 and {SHARED_STREAM}={value}.")
     state = "unset" if value is None else f"{value!r}"
-    return Row("env.shared-stream", FAIL, f"the shared experts are EXL3 and {SHARED_STREAM} is {state}: vLLM's second "
-                                          "shared-expert stream deadlocks exllamav3's per-device lock at decode.",
-               f"export {SHARED_STREAM}=1")
+    return Row(
+        "env.shared-stream",
+        FAIL,
+        f"the shared experts are EXL3 and {SHARED_STREAM} is {state}: vLLM's second "
+        "shared-expert stream deadlocks exllamav3's per-device lock at decode.",
+        f"export {SHARED_STREAM}=1",
+    )
 
 
 @check("env.aux-streams", needs=("runtime", "pack"))
@@ -170,12 +203,20 @@ def attention_aux_streams(ctx: DoctorContext) -> Row:
     verdict = (ctx.runtime.patch_verdicts or {}).get("aux-streams")
     switched = [name for name in AUX_STREAM_SWITCHES if ctx.environ.get(name, "").strip() == "0"]
     if verdict == "applied" and switched:
-        return Row("env.aux-streams", PASS, f"attention linears are EXL3; the aux-streams patch is applied and {switched[0]}=0.")
-    missing = ([] if verdict == "applied" else [f"the aux-streams patch is {verdict or 'not known'}"]) + \
-              ([] if switched else [f"{AUX_STREAM_SWITCHES[0]}=0 is not set"])
-    return Row("env.aux-streams", WARN, f"attention linears are EXL3 but {' and '.join(missing)}, so they can run on "
-                                        "vLLM's auxiliary streams.",
-               f"patch-dsv4 apply --with aux-streams{target_option(ctx.runtime)} && export {AUX_STREAM_SWITCHES[0]}=0")
+        return Row(
+            "env.aux-streams",
+            PASS,
+            f"attention linears are EXL3; the aux-streams patch is applied and {switched[0]}=0.",
+        )
+    missing = ([] if verdict == "applied" else [f"the aux-streams patch is {verdict or 'not known'}"]) + (
+        [] if switched else [f"{AUX_STREAM_SWITCHES[0]}=0 is not set"]
+    )
+    return Row(
+        "env.aux-streams",
+        WARN,
+        f"attention linears are EXL3 but {' and '.join(missing)}, so they can run on vLLM's auxiliary streams.",
+        f"patch-dsv4 apply --with aux-streams{target_option(ctx.runtime)} && export {AUX_STREAM_SWITCHES[0]}=0",
+    )
 
 
 def cuda_graphs_off(ctx: DoctorContext) -> str | None:
@@ -235,8 +276,11 @@ def graph_capture_autotune(ctx: DoctorContext) -> Row:
     dense = bool(dense_exl3_modules(ctx))
     native = locate_extension(ctx.runtime, "vllm_exl3_c").path is not None
     if not dense and native:
-        return Row("env.graphs-autotune", PASS, "routed experts take vllm_exl3_c and no dense linear is EXL3: "
-                                                "exllamav3's GEMM is not captured.")
+        return Row(
+            "env.graphs-autotune",
+            PASS,
+            "routed experts take vllm_exl3_c and no dense linear is EXL3: exllamav3's GEMM is not captured.",
+        )
     cache = ctx.environ.get("EXLLAMAV3_TUNE_CACHE")
     if _tune_cache_populated(cache):
         return Row("env.graphs-autotune", PASS, f"EXLLAMAV3_TUNE_CACHE={cache} holds a tuned cache: capture reuses it.")
@@ -244,11 +288,14 @@ def graph_capture_autotune(ctx: DoctorContext) -> Row:
     if guarded:
         return Row("env.graphs-autotune", PASS, f"{guarded.name} skips tuning while a stream is capturing.")
     path = "dense EXL3 linears" if dense else "routed experts without vllm_exl3_c"
-    return Row("env.graphs-autotune", WARN,
-               f"CUDA graphs are on and {path} run exllamav3's GEMM, whose autotuner would run inside the capture "
-               "(\"operation not permitted when stream is capturing\").",
-               "add --enforce-eager, or export EXLLAMAV3_TUNE_CACHE=<a cache tuned on this GPU>, "
-               "or use an exllamav3_ext built with a capture guard")
+    return Row(
+        "env.graphs-autotune",
+        WARN,
+        f"CUDA graphs are on and {path} run exllamav3's GEMM, whose autotuner would run inside the capture "
+        '("operation not permitted when stream is capturing").',
+        "add --enforce-eager, or export EXLLAMAV3_TUNE_CACHE=<a cache tuned on this GPU>, "
+        "or use an exllamav3_ext built with a capture guard",
+    )
 
 
 @check("env.alloc-conf")
@@ -269,9 +316,13 @@ def allocator_for_long_context(ctx: DoctorContext) -> Row:
     conf = ",".join(ctx.environ.get(v, "") for v in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"))
     expandable = "expandable_segments:True" in conf.replace(" ", "")
     if length > LONG_CONTEXT and not expandable:
-        return Row("env.alloc-conf", WARN, f"{source} is {length:,} tokens without expandable segments: past ~200k "
-                                           "the prefill buffers fragment the allocator.",
-                   "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
+        return Row(
+            "env.alloc-conf",
+            WARN,
+            f"{source} is {length:,} tokens without expandable segments: past ~200k "
+            "the prefill buffers fragment the allocator.",
+            "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
+        )
     said = "expandable segments on" if expandable else "expandable segments off"
     return Row("env.alloc-conf", PASS, f"{source} is {length:,} tokens, {said}.")
 
@@ -285,8 +336,11 @@ def moe_kernel_choices(ctx: DoctorContext) -> frozenset | None:
     for function in ast.walk(tree):
         if isinstance(function, ast.FunctionDef) and function.name == "get_moe_kernel_backend":
             for node in ast.walk(function):
-                if isinstance(node, ast.Compare) and isinstance(node.ops[0], (ast.In, ast.NotIn)) \
-                        and isinstance(node.comparators[0], (ast.Set, ast.List, ast.Tuple)):
+                if (
+                    isinstance(node, ast.Compare)
+                    and isinstance(node.ops[0], (ast.In, ast.NotIn))
+                    and isinstance(node.comparators[0], (ast.Set, ast.List, ast.Tuple))
+                ):
                     values = [e.value for e in node.comparators[0].elts if isinstance(e, ast.Constant)]
                     return frozenset(v for v in values if isinstance(v, str))
     return None
@@ -312,14 +366,22 @@ def plugin_variables(ctx: DoctorContext) -> Row:
             problems.append(f"VLLM_EXL3_MOE_KERNEL={kernel!r} is ignored: the installed vllm-exl3 has no kernel choice")
             fixes.append("unset VLLM_EXL3_MOE_KERNEL")
         elif kernel.strip().lower() not in choices:
-            problems.append(f"VLLM_EXL3_MOE_KERNEL={kernel!r} is not one of {', '.join(sorted(choices))}; "
-                            "the plugin falls back to auto")
+            problems.append(
+                f"VLLM_EXL3_MOE_KERNEL={kernel!r} is not one of {', '.join(sorted(choices))}; "
+                "the plugin falls back to auto"
+            )
             fixes.append(f"export VLLM_EXL3_MOE_KERNEL=auto (or one of {', '.join(sorted(choices))})")
     if problems:
         return Row("env.exl3-vars", WARN, "; ".join(problems) + ".", "; ".join(fixes))
-    said = ", ".join(f"{n}={v}" for n, v in (("VLLM_EXL3_MOE_KERNEL", kernel), ("EXL3_FUSED_MOE", fused)) if v is not None)
+    said = ", ".join(
+        f"{n}={v}" for n, v in (("VLLM_EXL3_MOE_KERNEL", kernel), ("EXL3_FUSED_MOE", fused)) if v is not None
+    )
     if not said:
-        return Row("env.exl3-vars", PASS, "neither VLLM_EXL3_MOE_KERNEL nor EXL3_FUSED_MOE is set: the plugin's defaults apply.")
+        return Row(
+            "env.exl3-vars",
+            PASS,
+            "neither VLLM_EXL3_MOE_KERNEL nor EXL3_FUSED_MOE is set: the plugin's defaults apply.",
+        )
     return Row("env.exl3-vars", PASS, f"{said}: accepted by the installed vllm-exl3.")
 
 
@@ -335,12 +397,16 @@ def recipe_flags(ctx: DoctorContext) -> Row:
         return Row("flags.recipe", SKIP, "no --serve-args given")
     kv = ctx.serve_flag("--kv-cache-dtype")
     quantization = ctx.serve_flag("--quantization") or ctx.serve_flag("-q")
-    differences = ([f"--kv-cache-dtype is {kv}"] if kv is not None and not kv.startswith("fp8") else []) + \
-                  ([f"--quantization is {quantization}"] if quantization is not None and quantization != "exl3" else [])
+    differences = ([f"--kv-cache-dtype is {kv}"] if kv is not None and not kv.startswith("fp8") else []) + (
+        [f"--quantization is {quantization}"] if quantization is not None and quantization != "exl3" else []
+    )
     if differences:
-        return Row("flags.recipe", WARN, f"the recipes serve with --kv-cache-dtype fp8 --quantization exl3; "
-                                         f"{' and '.join(differences)}.",
-                   "serve with --kv-cache-dtype fp8 --quantization exl3")
+        return Row(
+            "flags.recipe",
+            WARN,
+            f"the recipes serve with --kv-cache-dtype fp8 --quantization exl3; {' and '.join(differences)}.",
+            "serve with --kv-cache-dtype fp8 --quantization exl3",
+        )
     absent = [name for name, value in (("--kv-cache-dtype", kv), ("--quantization", quantization)) if value is None]
     if absent:
         return Row("flags.recipe", INFO, f"{' and '.join(absent)} not given: vLLM takes it from the pack's config.")

@@ -59,7 +59,9 @@ def gpu_path(ctx: DoctorContext) -> Row:
 
 def _runs_on(sm: int, cubins: set[tuple[int, str]]) -> bool:
     """CUDA's binary compatibility: a cubin runs on its own SM, and a plain (not arch-specific "a") one on later minors."""
-    return any(number == sm or (number // 10 == sm // 10 and number < sm and suffix != "a") for number, suffix in cubins)
+    return any(
+        number == sm or (number // 10 == sm // 10 and number < sm and suffix != "a") for number, suffix in cubins
+    )
 
 
 @check("host.ext-arch", needs=("runtime",))
@@ -85,8 +87,13 @@ def extension_cubins(ctx: DoctorContext) -> Row:
     built = ", ".join(f"sm_{n}{s}" for n, s in sorted(cubins))
     missing = sorted({gpu.sm for gpu in found if not _runs_on(gpu.sm, cubins)})
     if missing:
-        return Row("host.ext-arch", WARN, f"{extension.name} holds cubins for {built}, none of which runs on "
-                                          f"{', '.join(f'sm_{sm}' for sm in missing)}.", build_exllamav3_fix(ctx))
+        return Row(
+            "host.ext-arch",
+            WARN,
+            f"{extension.name} holds cubins for {built}, none of which runs on "
+            f"{', '.join(f'sm_{sm}' for sm in missing)}.",
+            build_exllamav3_fix(ctx),
+        )
     return Row("host.ext-arch", PASS, f"{extension.name} holds cubins for {built}, which run on every GPU here.")
 
 
@@ -104,7 +111,9 @@ def page_cache(ctx: DoctorContext) -> Row:
     if not found:
         return Row("host.page-cache", SKIP, f"cannot tell whether the GPU shares host memory: {problem}")
     if not any(gpu.unified_memory for gpu in found):
-        return Row("host.page-cache", PASS, "the GPUs have their own memory: the page cache does not count against vLLM.")
+        return Row(
+            "host.page-cache", PASS, "the GPUs have their own memory: the page cache does not count against vLLM."
+        )
     memory, problem = meminfo(ctx)
     util = gpu_memory_utilization(ctx)
     if not memory or util is None:
@@ -112,14 +121,20 @@ def page_cache(ctx: DoctorContext) -> Row:
     total, free, cached = memory["MemTotal"], memory.get("MemFree", 0), memory.get("Cached", 0)
     wanted = util * total
     if free >= wanted:
-        return Row("host.page-cache", PASS, f"MemFree {gib(free)} covers --gpu-memory-utilization {util} of "
-                                            f"MemTotal {gib(total)}.")
+        return Row(
+            "host.page-cache",
+            PASS,
+            f"MemFree {gib(free)} covers --gpu-memory-utilization {util} of MemTotal {gib(total)}.",
+        )
     fitting = math.floor(free / total * 100) / 100
-    return Row("host.page-cache", WARN,
-               f"on unified memory MemFree is {gib(free)}, below {util} x MemTotal ({gib(wanted)}), with {gib(cached)} "
-               "in the page cache: vLLM's startup memory check will fail.",
-               "drop the page cache first (sync; echo 1 | sudo tee /proc/sys/vm/drop_caches, or the recipe's "
-               f"DROP_PAGE_CACHE=1), or lower --gpu-memory-utilization to {fitting:.2f}")
+    return Row(
+        "host.page-cache",
+        WARN,
+        f"on unified memory MemFree is {gib(free)}, below {util} x MemTotal ({gib(wanted)}), with {gib(cached)} "
+        "in the page cache: vLLM's startup memory check will fail.",
+        "drop the page cache first (sync; echo 1 | sudo tee /proc/sys/vm/drop_caches, or the recipe's "
+        f"DROP_PAGE_CACHE=1), or lower --gpu-memory-utilization to {fitting:.2f}",
+    )
 
 
 _STREAMING = ("applied", "upstream", "not-applicable")
@@ -145,8 +160,11 @@ def sorted_vision_load(ctx: DoctorContext) -> Row:
         found = release(runtime.vllm_version)
         verdict = "pending" if found and (0, 30) <= found[:2] < (0, 33) else "not-applicable"
     if verdict in _STREAMING:
-        return Row("host.sorted-load", PASS, f"stream-load is {verdict} on vLLM {version}: the weights stream, "
-                                             "not the whole pack at once.")
+        return Row(
+            "host.sorted-load",
+            PASS,
+            f"stream-load is {verdict} on vLLM {version}: the weights stream, not the whole pack at once.",
+        )
     memory, problem = meminfo(ctx)
     if not memory:
         return Row("host.sorted-load", SKIP, f"the vision loader sorts the pack but host memory is unknown: {problem}")
@@ -156,12 +174,18 @@ def sorted_vision_load(ctx: DoctorContext) -> Row:
     factor = 2.2 if unified else 1.2
     if total < size * factor:
         shared = " (on unified memory the loaded weights take the same memory)" if unified else ""
-        return Row("host.sorted-load", FAIL,
-                   f"vLLM {version}'s vision loader holds the whole pack ({size / 1e9:.0f} GB) in host memory; MemTotal "
-                   f"{gib(total)} is below {factor} x that{shared}, so the load will exhaust RAM.",
-                   f"patch-dsv4 apply{target_option(runtime)}")
-    return Row("host.sorted-load", PASS, f"the sorted load holds about {size / 1e9:.0f} GB; MemTotal {gib(total)} "
-                                         f"has room for {factor} x that.")
+        return Row(
+            "host.sorted-load",
+            FAIL,
+            f"vLLM {version}'s vision loader holds the whole pack ({size / 1e9:.0f} GB) in host memory; MemTotal "
+            f"{gib(total)} is below {factor} x that{shared}, so the load will exhaust RAM.",
+            f"patch-dsv4 apply{target_option(runtime)}",
+        )
+    return Row(
+        "host.sorted-load",
+        PASS,
+        f"the sorted load holds about {size / 1e9:.0f} GB; MemTotal {gib(total)} has room for {factor} x that.",
+    )
 
 
 @check("host.other-model")
@@ -172,7 +196,9 @@ def other_gpu_processes(ctx: DoctorContext) -> Row:
     processes take each other down). SKIP without nvidia-smi or on output it
     cannot read. Evidence: R docs/TEST_VISION.md §1, README.md:410-412.
     """
-    listing = run_tool(ctx, "nvidia-smi", ["--query-compute-apps=pid,process_name,used_memory", "--format=csv,noheader,nounits"])
+    listing = run_tool(
+        ctx, "nvidia-smi", ["--query-compute-apps=pid,process_name,used_memory", "--format=csv,noheader,nounits"]
+    )
     if listing.output is None:
         return Row("host.other-model", SKIP, f"cannot list GPU processes: {listing.problem}")
     processes, unreadable = [], []
@@ -186,11 +212,17 @@ def other_gpu_processes(ctx: DoctorContext) -> Row:
             unreadable.append(line.strip())
     if processes:
         said = ", ".join(f"{pid} ({name})" for pid, name in processes)
-        return Row("host.other-model", WARN, f"another process is using the GPU: {said}.",
-                   f"stop it before serving (kill {' '.join(pid for pid, _ in processes)}); on a unified-memory box "
-                   "two model processes take each other down")
+        return Row(
+            "host.other-model",
+            WARN,
+            f"another process is using the GPU: {said}.",
+            f"stop it before serving (kill {' '.join(pid for pid, _ in processes)}); on a unified-memory box "
+            "two model processes take each other down",
+        )
     if unreadable:
-        return Row("host.other-model", SKIP, f"nvidia-smi printed process lines doctor cannot read ({unreadable[0][:60]!r})")
+        return Row(
+            "host.other-model", SKIP, f"nvidia-smi printed process lines doctor cannot read ({unreadable[0][:60]!r})"
+        )
     return Row("host.other-model", PASS, "no compute process holds a GPU.")
 
 
@@ -214,8 +246,11 @@ def kv_budget(ctx: DoctorContext) -> Row:
     flag = ctx.serve_flag("--max-model-len")
     length = human_readable_int(flag) if flag is not None else config.get("max_position_embeddings")
     if tp is None or util is None or not isinstance(length, int):
-        return Row("host.kv-budget", SKIP, "--tensor-parallel-size, --gpu-memory-utilization or --max-model-len "
-                                           "is not readable")
+        return Row(
+            "host.kv-budget",
+            SKIP,
+            "--tensor-parallel-size, --gpu-memory-utilization or --max-model-len is not readable",
+        )
     if any(gpu.unified_memory for gpu in found):
         memory, problem = meminfo(ctx)
         if not memory:
@@ -227,17 +262,34 @@ def kv_budget(ctx: DoctorContext) -> Row:
     weights = pack_bytes(ctx) / tp
     layers = config.get("num_hidden_layers")
     kv_dtype = ctx.serve_flag("--kv-cache-dtype") or "auto"
-    kv = length * (layers if isinstance(layers, int) else 43) * MLA_KV_BYTES_PER_TOKEN_LAYER * (1 if kv_dtype.startswith("fp8") else 2)
+    kv = (
+        length
+        * (layers if isinstance(layers, int) else 43)
+        * MLA_KV_BYTES_PER_TOKEN_LAYER
+        * (1 if kv_dtype.startswith("fp8") else 2)
+    )
     batched = human_readable_int(ctx.serve_flag("--max-num-batched-tokens"))
-    figures = (f"weights {gib(weights)} per GPU, KV for {length:,} tokens at most {gib(kv)}, "
-               f"budget {util} x {gib(per_gpu)} = {gib(budget)}")
+    figures = (
+        f"weights {gib(weights)} per GPU, KV for {length:,} tokens at most {gib(kv)}, "
+        f"budget {util} x {gib(per_gpu)} = {gib(budget)}"
+    )
     if weights > budget:
-        return Row("host.kv-budget", WARN, f"the weights alone exceed the memory vLLM may use ({figures}).",
-                   "raise --gpu-memory-utilization or spread the pack over more GPUs (--tensor-parallel-size)")
+        return Row(
+            "host.kv-budget",
+            WARN,
+            f"the weights alone exceed the memory vLLM may use ({figures}).",
+            "raise --gpu-memory-utilization or spread the pack over more GPUs (--tensor-parallel-size)",
+        )
     if batched and batched > RECIPE_BATCHED_TOKENS and length >= LONG_CONTEXT_TOKENS:
-        return Row("host.kv-budget", WARN, f"--max-num-batched-tokens {batched} at --max-model-len {length:,}: the "
-                                           f"recipe keeps {RECIPE_BATCHED_TOKENS} past 256k (prefill buffers grow with it).",
-                   f"serve with --max-num-batched-tokens {RECIPE_BATCHED_TOKENS}")
+        return Row(
+            "host.kv-budget",
+            WARN,
+            f"--max-num-batched-tokens {batched} at --max-model-len {length:,}: the "
+            f"recipe keeps {RECIPE_BATCHED_TOKENS} past 256k (prefill buffers grow with it).",
+            f"serve with --max-num-batched-tokens {RECIPE_BATCHED_TOKENS}",
+        )
     if weights + kv > budget:
-        return Row("host.kv-budget", INFO, f"one full-length request may not fit: {figures} (the KV figure is an upper bound).")
+        return Row(
+            "host.kv-budget", INFO, f"one full-length request may not fit: {figures} (the KV figure is an upper bound)."
+        )
     return Row("host.kv-budget", PASS, f"one full-length request fits: {figures}.")

@@ -13,8 +13,8 @@ from pathlib import Path
 
 from .base import FAIL, INFO, PASS, SKIP, WARN, DoctorContext, Row, Runtime, check
 from .serving_env import (
-    elf_machine,
     distributions,
+    elf_machine,
     find_dist,
     find_package,
     gpus,
@@ -97,20 +97,25 @@ def serving_python(ctx: DoctorContext) -> Row:
     if found[:2] < (3, 12):
         return Row("rt.python", FAIL, f"the serving interpreter is Python {version}; vllm-exl3 needs >= 3.12.", fix)
     if found[:2] > (3, 12):
-        return Row("rt.python", WARN, f"the serving interpreter is Python {version}; the recipes are verified on 3.12 only.", fix)
+        return Row(
+            "rt.python",
+            WARN,
+            f"the serving interpreter is Python {version}; the recipes are verified on 3.12 only.",
+            fix,
+        )
     return Row("rt.python", PASS, f"the serving interpreter is Python {version}.")
 
 
-def vision_class_file(runtime: Runtime) -> Path | None:
-    """The file that defines vLLM's DeepSeek-V4 vision class, if this build has one (read, not version-guessed)."""
+def has_vision_class(runtime: Runtime) -> bool:
+    """Whether this build defines vLLM's DeepSeek-V4 vision class (read in its code, so nightlies count right)."""
     models = vllm_file(runtime, "vllm/models/deepseek_v4/__init__.py")
-    if models is None:
-        return None
-    for path in sorted(models.parent.rglob("*.py")):
-        text, _ = read_utf8(path)
-        if text and "class DeepseekV4ForConditionalGeneration" in text:
-            return path
-    return None
+    for path in sorted(models.parent.rglob("*.py")) if models else ():
+        try:
+            if b"class DeepseekV4ForConditionalGeneration" in path.read_bytes():
+                return True
+        except OSError:
+            continue
+    return False
 
 
 @check("rt.vllm-route", needs=("runtime",))
@@ -126,31 +131,47 @@ def vllm_route(ctx: DoctorContext) -> Row:
     """
     runtime = ctx.runtime
     version = runtime.vllm_version or "(unknown version)"
-    fi = f", FlashInfer {runtime.flashinfer_version} ({runtime.flashinfer_source})" if runtime.flashinfer_version else ""
+    fi = (
+        f", FlashInfer {runtime.flashinfer_version} ({runtime.flashinfer_source})" if runtime.flashinfer_version else ""
+    )
     if vllm_file(runtime, "vllm/models/deepseek_v4/__init__.py") is None:
-        return Row("rt.vllm-route", FAIL, f"vLLM {version} has no vllm/models/deepseek_v4: it cannot load DeepSeek-V4.",
-                   "install a vLLM release with DeepSeek-V4 (0.28.0 or later; the recipes use 0.28.0 or a nightly)")
-    vision_file = vision_class_file(runtime)
-    if vision_file is not None:
-        return Row("rt.vllm-route", INFO, f"vLLM {version}{fi} has the DeepSeek-V4 vision class: text, vision and DSpark.")
+        return Row(
+            "rt.vllm-route",
+            FAIL,
+            f"vLLM {version} has no vllm/models/deepseek_v4: it cannot load DeepSeek-V4.",
+            "install a vLLM release with DeepSeek-V4 (0.28.0 or later; the recipes use 0.28.0 or a nightly)",
+        )
+    if has_vision_class(runtime):
+        return Row(
+            "rt.vllm-route", INFO, f"vLLM {version}{fi} has the DeepSeek-V4 vision class: text, vision and DSpark."
+        )
     if ctx.pack is not None and vision_pack(ctx):
-        return Row("rt.vllm-route", WARN,
-                   f"vLLM {version}{fi} has no DeepSeek-V4 vision class but the pack ships a vision tower "
-                   "(vision_n_layers > 0): it serves text only.",
-                   f"to serve images install vLLM 0.30.0 or later; for text only keep this build with "
-                   f"patch-dsv4 apply{target_option(runtime)} (loader-skips skips the vision tensors)")
+        return Row(
+            "rt.vllm-route",
+            WARN,
+            f"vLLM {version}{fi} has no DeepSeek-V4 vision class but the pack ships a vision tower "
+            "(vision_n_layers > 0): it serves text only.",
+            f"to serve images install vLLM 0.30.0 or later; for text only keep this build with "
+            f"patch-dsv4 apply{target_option(runtime)} (loader-skips skips the vision tensors)",
+        )
     return Row("rt.vllm-route", INFO, f"vLLM {version}{fi} serves DeepSeek-V4 text and DSpark (no vision class).")
 
 
 # What each patch prevents, as the user would meet it after the long load (DOCTOR-FACTS D, rt.patches).
 LATE_SYMPTOM = {
-    "dtype-policy": "the BF16 wo_a reaches the FP8-only O projection: AttributeError ... weight_scale_inv at the "
-                    "first forward, or empty text",
+    "dtype-policy": (
+        "the BF16 wo_a reaches the FP8-only O projection: AttributeError ... weight_scale_inv at the first forward, "
+        "or empty text"
+    ),
     "loader-skips": "the 0.28/0.29 loader meets the vision pack's extra tensors: KeyError part-way through the load",
-    "stream-load": "the vision loader sorts the checkpoint and holds the whole pack in host memory: a 128 GB "
-                   "unified-memory box wedges mid-load",
-    "wide-swa": "vision prefill fails at warm-up with 'Unsupported sparse-MLA prefill configuration ... topk=512' "
-                "(text works, images return 500)",
+    "stream-load": (
+        "the vision loader sorts the checkpoint and holds the whole pack in host memory: a 128 GB unified-memory box "
+        "wedges mid-load"
+    ),
+    "wide-swa": (
+        "vision prefill fails at warm-up with 'Unsupported sparse-MLA prefill configuration ... topk=512' "
+        "(text works, images return 500)"
+    ),
     "aux-streams": "EXL3 attention linears run on vLLM's auxiliary CUDA streams (decode deadlock risk)",
 }
 _GOOD_VERDICTS = ("applied", "upstream", "not-applicable")
@@ -177,22 +198,44 @@ def patches(ctx: DoctorContext) -> list[Row]:
         if verdict in _GOOD_VERDICTS:
             rows.append(Row("rt.patches", PASS, f"patch {patch_id} is {verdict} on vLLM {version}."))
         elif verdict == "opt-in":
-            rows.append(Row("rt.patches", INFO, f"patch {patch_id} is opt-in and not asked for "
-                                                f"(patch-dsv4 apply --with {patch_id}{target} adds it)."))
+            rows.append(
+                Row(
+                    "rt.patches",
+                    INFO,
+                    f"patch {patch_id} is opt-in and not asked for "
+                    f"(patch-dsv4 apply --with {patch_id}{target} adds it).",
+                )
+            )
         elif verdict == "pending":
-            rows.append(Row("rt.patches", FAIL, f"patch {patch_id} is needed on vLLM {version} and not applied; "
-                                                f"without it {symptom}.", f"patch-dsv4 apply{target}"))
+            rows.append(
+                Row(
+                    "rt.patches",
+                    FAIL,
+                    f"patch {patch_id} is needed on vLLM {version} and not applied; without it {symptom}.",
+                    f"patch-dsv4 apply{target}",
+                )
+            )
         elif verdict == "modified":
-            rows.append(Row("rt.patches", FAIL,
-                            f"patch {patch_id} was applied but its file changed since; without it {symptom}.",
-                            f"patch-dsv4 status{target} names the file; reinstall it "
-                            f"(pip install --force-reinstall --no-deps vllm=={version}), then patch-dsv4 apply{target}"))
+            rows.append(
+                Row(
+                    "rt.patches",
+                    FAIL,
+                    f"patch {patch_id} was applied but its file changed since; without it {symptom}.",
+                    f"patch-dsv4 status{target} names the file; reinstall it "
+                    f"(pip install --force-reinstall --no-deps vllm=={version}), then patch-dsv4 apply{target}",
+                )
+            )
         elif verdict == "drifted":
-            rows.append(Row("rt.patches", FAIL,
-                            f"patch {patch_id} is needed but vLLM {version}'s code no longer matches its anchor; "
-                            f"without it {symptom}.",
-                            f"patch-dsv4 drift --vllm-version {version} shows what moved; use a vLLM release this "
-                            f"patch-dsv4 knows (or a newer patch-dsv4), then patch-dsv4 apply{target}"))
+            rows.append(
+                Row(
+                    "rt.patches",
+                    FAIL,
+                    f"patch {patch_id} is needed but vLLM {version}'s code no longer matches its anchor; "
+                    f"without it {symptom}.",
+                    f"patch-dsv4 drift --vllm-version {version} shows what moved; use a vLLM release this "
+                    f"patch-dsv4 knows (or a newer patch-dsv4), then patch-dsv4 apply{target}",
+                )
+            )
         else:
             rows.append(Row("rt.patches", SKIP, f"patch {patch_id} has a verdict doctor does not know: {verdict!r}."))
     return rows
@@ -211,14 +254,20 @@ class DecodeTable:
 
 
 def decode_table(flashinfer: Path) -> DecodeTable:
-    candidates = sorted(flashinfer.glob("mla/_sparse_mla_sm120*.py")) + sorted(flashinfer.glob("mla/_sparse_mla_sm120/*.py"))
+    candidates = sorted(flashinfer.glob("mla/_sparse_mla_sm120*.py")) + sorted(
+        flashinfer.glob("mla/_sparse_mla_sm120/*.py")
+    )
     for path in candidates:
         tree, _ = parse_python(path)
         value = module_assignment(tree, "_DECODE_DSV4_DISPATCH") if tree else None
         if value is None:
             continue
-        if isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id in ("frozenset", "set") \
-                and len(value.args) == 1:
+        if (
+            isinstance(value, ast.Call)
+            and isinstance(value.func, ast.Name)
+            and value.func.id in ("frozenset", "set")
+            and len(value.args) == 1
+        ):
             try:
                 pairs = frozenset(ast.literal_eval(value.args[0]))
             except (ValueError, TypeError, SyntaxError):
@@ -264,26 +313,44 @@ def flashinfer_decode(ctx: DoctorContext) -> Row:
     fix = f"pip install flashinfer-python=={wanted}{note}"
     package = find_package(runtime.site_dirs, "flashinfer")
     if package is None:
-        return Row("rt.flashinfer", FAIL, "flashinfer-python is not installed in the serving environment; "
-                                          "DeepSeek-V4 on SM12x attends through it.", fix)
+        return Row(
+            "rt.flashinfer",
+            FAIL,
+            "flashinfer-python is not installed in the serving environment; "
+            "DeepSeek-V4 on SM12x attends through it.",
+            fix,
+        )
     version = runtime.flashinfer_version or "(unknown version)"
     table = decode_table(package)
     shape = f"(heads={local_heads}, topk={topk})"
     if table.pairs is not None:
         where = table.source.relative_to(package.parent)
         if (local_heads, topk) in table.pairs:
-            return Row("rt.flashinfer", PASS, f"{shape} is in _DECODE_DSV4_DISPATCH of {where} (flashinfer-python {version}).")
-        return Row("rt.flashinfer", FAIL,
-                   f"flashinfer-python {version} has no SM120 DeepSeek-V4 decode kernel for topk={topk} "
-                   f"(heads={local_heads}): {shape} is not in {where}, so the first decode aborts.", fix)
+            return Row(
+                "rt.flashinfer", PASS, f"{shape} is in _DECODE_DSV4_DISPATCH of {where} (flashinfer-python {version})."
+            )
+        return Row(
+            "rt.flashinfer",
+            FAIL,
+            f"flashinfer-python {version} has no SM120 DeepSeek-V4 decode kernel for topk={topk} "
+            f"(heads={local_heads}): {shape} is not in {where}, so the first decode aborts.",
+            fix,
+        )
     how = "a run-time predicate" if table.source else "not found"
     below = older_than(runtime.flashinfer_version, FLASHINFER_DSV4_FLOOR)
     if below is None:
         return Row("rt.flashinfer", SKIP, f"the SM120 decode table is {how} and the FlashInfer version is unknown")
     if below:
-        return Row("rt.flashinfer", FAIL, f"flashinfer-python {version} predates the SM120 DeepSeek-V4 decode kernels "
-                                          f"for topk={topk} (the table is {how}).", fix)
-    return Row("rt.flashinfer", PASS, f"flashinfer-python {version} >= 0.6.18 serves {shape} (its decode table is {how}).")
+        return Row(
+            "rt.flashinfer",
+            FAIL,
+            f"flashinfer-python {version} predates the SM120 DeepSeek-V4 decode kernels "
+            f"for topk={topk} (the table is {how}).",
+            fix,
+        )
+    return Row(
+        "rt.flashinfer", PASS, f"flashinfer-python {version} >= 0.6.18 serves {shape} (its decode table is {how})."
+    )
 
 
 @dataclass(frozen=True)
@@ -312,13 +379,15 @@ def flashinfer_jit_rule(path: Path) -> JitRule | None:
     functions = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
     if "has_flashinfer" not in functions:
         return None
-    reached, todo = set(), ["has_flashinfer"]
+    reached, todo = [], ["has_flashinfer"]  # a list: the order the CUDA variables are read in must hold
     while todo:
-        name = todo.pop()
+        name = todo.pop(0)
         if name in reached or name not in functions:
             continue
-        reached.add(name)
-        todo += [c.func.id for c in ast.walk(functions[name]) if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)]
+        reached.append(name)
+        todo += [
+            c.func.id for c in ast.walk(functions[name]) if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)
+        ]
     tools, homes, cubin_package, cubin_variable = set(), [], False, False
     for name in reached:
         for node in ast.walk(functions[name]):
@@ -331,14 +400,23 @@ def flashinfer_jit_rule(path: Path) -> JitRule | None:
             callee = _dotted(node.func)
             if callee.endswith("which") and literal:
                 tools.add(literal)
-            elif callee in ("os.environ.get", "os.getenv") and literal and literal not in homes:
+            elif (
+                callee in ("os.environ.get", "os.getenv")
+                and literal
+                and literal.startswith("CUDA")
+                and literal not in homes
+            ):
                 homes.append(literal)
             elif callee.endswith("find_spec") and literal == "flashinfer_cubin":
                 cubin_package = True
     default_home = None
     for node in tree.body:
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and "CUDA_HOME" in t.id for t in node.targets) \
-                and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+        if (
+            isinstance(node, ast.Assign)
+            and any(isinstance(t, ast.Name) and "CUDA_HOME" in t.id for t in node.targets)
+            and isinstance(node.value, ast.Constant)
+            and isinstance(node.value.value, str)
+        ):
             default_home = node.value.value
     return JitRule(frozenset(tools), tuple(homes), default_home, cubin_package, cubin_variable)
 
@@ -374,7 +452,9 @@ def flashinfer_jit(ctx: DoctorContext) -> Row:
     if rule.cubin_package and find_package(runtime.site_dirs, "flashinfer_cubin") is not None:
         return Row("rt.flashinfer-jit", PASS, f"flashinfer-cubin is installed: vLLM {version} needs no JIT toolchain.")
     if rule.cubin_variable and _flag(env.get("VLLM_HAS_FLASHINFER_CUBIN")):
-        return Row("rt.flashinfer-jit", PASS, f"VLLM_HAS_FLASHINFER_CUBIN is set: vLLM {version} skips its toolchain check.")
+        return Row(
+            "rt.flashinfer-jit", PASS, f"VLLM_HAS_FLASHINFER_CUBIN is set: vLLM {version} skips its toolchain check."
+        )
     problems, fixes = [], []
     if rule.home_variables:
         named = next((v for v in rule.home_variables if env.get(v)), None)
@@ -394,30 +474,40 @@ def flashinfer_jit(ctx: DoctorContext) -> Row:
         if which(ctx, tool) is None:
             problems.append(f"{tool} is not on PATH")
             fixes.append(f"pip install {tool} into the serving venv and put its bin/ on PATH")
-    needs = ([f"bin/nvcc under {' or '.join(rule.home_variables)} (else PATH's nvcc, else {rule.default_home})"]
-             if rule.home_variables else ["nvcc on PATH"] if "nvcc" in rule.which else [])
+    needs = (
+        [f"bin/nvcc under {' or '.join(rule.home_variables)} (else PATH's nvcc, else {rule.default_home})"]
+        if rule.home_variables
+        else ["nvcc on PATH"] if "nvcc" in rule.which else []
+    )
     needs += [f"{tool} on PATH" for tool in sorted(rule.which - {"nvcc"})]
     if problems:
-        return Row("rt.flashinfer-jit", FAIL, f"vLLM {version} will disable FlashInfer: {'; '.join(problems)}.",
-                   "; ".join(fixes))
-    return Row("rt.flashinfer-jit", PASS, f"vLLM {version}'s FlashInfer check needs {' and '.join(needs) or 'no toolchain'}: "
-                                          "all found.")
+        return Row(
+            "rt.flashinfer-jit",
+            FAIL,
+            f"vLLM {version} will disable FlashInfer: {'; '.join(problems)}.",
+            "; ".join(fixes),
+        )
+    return Row(
+        "rt.flashinfer-jit",
+        PASS,
+        f"vLLM {version}'s FlashInfer check needs {' and '.join(needs) or 'no toolchain'}: all found.",
+    )
 
 
 def _arch_list(ctx: DoctorContext) -> str:
     found, _ = gpus(ctx)
     caps = sorted({gpu.compute_cap for gpu in found})
     if caps:
-        return ";".join(f"{cap}a" if cap == "12.1" else cap for cap in caps)
-    return "12.1a (GB10) or 12.0 (RTX PRO)"
+        return "'" + ";".join(f"{cap}a" if cap == "12.1" else cap for cap in caps) + "'"
+    return "<the GPU's compute capability: 12.1a on GB10, 12.0 on RTX PRO>"
 
 
 def build_exllamav3_fix(ctx: DoctorContext) -> str:
     aarch64 = normal_machine(ctx.runtime.machine) == "aarch64"
     return (
         "build the compiled extension into the serving venv: git clone https://github.com/turboderp-org/exllamav3 && "
-        + ("python scripts/patch_exllamav3_aarch64.py ./exllamav3 (the recipe's aarch64 fix) && " if aarch64 else "")
-        + f"TORCH_CUDA_ARCH_LIST='{_arch_list(ctx)}' pip install --no-build-isolation ./exllamav3; "
+        + ("(on aarch64, first apply the recipe's patch_exllamav3_aarch64.py to the clone) " if aarch64 else "")
+        + f"TORCH_CUDA_ARCH_LIST={_arch_list(ctx)} pip install --no-build-isolation ./exllamav3; "
         + 'check with python -c "import torch, exllamav3_ext"'
     )
 
@@ -441,9 +531,13 @@ def exllamav3_extension(ctx: DoctorContext) -> Row:
     if extension.path is None:
         passed_over = f"; passed over: {', '.join(extension.unloadable)}" if extension.unloadable else ""
         jit = " (the exllamav3 wheel only JIT-builds it)" if dist else ""
-        return Row("rt.exllamav3-ext", FAIL,
-                   f"exllamav3_ext is not installed as a compiled extension for this interpreter{jit}{passed_over}; "
-                   "vllm-exl3 imports it only after the weights are loaded.", fix)
+        return Row(
+            "rt.exllamav3-ext",
+            FAIL,
+            f"exllamav3_ext is not installed as a compiled extension for this interpreter{jit}{passed_over}; "
+            "vllm-exl3 imports it only after the weights are loaded.",
+            fix,
+        )
     problems = []
     machine, unreadable = elf_machine(extension.path)
     wanted = normal_machine(runtime.machine)
@@ -453,15 +547,24 @@ def exllamav3_extension(ctx: DoctorContext) -> Row:
         problems.append(f"{extension.path.name} is built for {machine}, the serving machine is {wanted}")
     if dist is None or find_package(runtime.site_dirs, "exllamav3") is None:
         problems.append("the exllamav3 package itself is not installed (vllm-exl3 imports LinearEXL3 from it)")
-    elif older_than(dist.version, EXLLAMAV3_FLOOR) is not False:
-        problems.append(f"exllamav3 {dist.version or '(unreadable version)'} is older than 1.4.5")
+    elif older_than(dist.version, EXLLAMAV3_FLOOR):
+        problems.append(f"exllamav3 {dist.version} is older than 1.4.5")
     if problems:
         return Row("rt.exllamav3-ext", FAIL, f"{'; '.join(problems)}.", fix)
     if b"exl3_moe" not in scan_for(extension.path, [b"exl3_moe"]):
-        return Row("rt.exllamav3-ext", WARN, f"{extension.path} has no exl3_moe binding: the fused EXL3 MoE kernel "
-                                             "vllm-exl3 calls is missing from this build.", fix)
-    return Row("rt.exllamav3-ext", PASS, f"{extension.path} is a compiled {machine} extension with exl3_moe "
-                                         f"(exllamav3 {dist.version}).")
+        return Row(
+            "rt.exllamav3-ext",
+            WARN,
+            f"{extension.path} has no exl3_moe binding: the fused EXL3 MoE kernel "
+            "vllm-exl3 calls is missing from this build.",
+            fix,
+        )
+    return Row(
+        "rt.exllamav3-ext",
+        PASS,
+        f"{extension.path} is a compiled {machine} extension with exl3_moe "
+        f"(exllamav3 {dist.version or 'of unreadable version'}).",
+    )
 
 
 LINEAR_EXL3_KEYWORDS = ("mcg", "mul1", "out_dtype", "transformers_fix")
@@ -478,35 +581,48 @@ def exllamav3_api(ctx: DoctorContext) -> Row:
     runtime = ctx.runtime
     package = find_package(runtime.site_dirs, "exllamav3")
     if package is None or not (package / "modules/quant/exl3.py").is_file():
-        return Row("rt.exllamav3-api", SKIP, "exllamav3/modules/quant/exl3.py is not installed (rt.exllamav3-ext reports it)")
+        return Row(
+            "rt.exllamav3-api", SKIP, "exllamav3/modules/quant/exl3.py is not installed (rt.exllamav3-ext reports it)"
+        )
     dist = find_dist(runtime.site_dirs, "exllamav3")
     version = (dist.version if dist else None) or "(unknown version)"
-    fix = "pip install 'exllamav3>=1.4.5' sources and rebuild the extension (see rt.exllamav3-ext)"
+    fix = build_exllamav3_fix(ctx)
     tree, problem = parse_python(package / "modules/quant/exl3.py")
     if tree is None:
         return Row("rt.exllamav3-api", FAIL, f"exllamav3 {version}: {problem}.", fix)
-    init = next((f for c in tree.body if isinstance(c, ast.ClassDef) and c.name == "LinearEXL3"
-                 for f in c.body if isinstance(f, ast.FunctionDef) and f.name == "__init__"), None)
+    init = next(
+        (
+            f
+            for c in tree.body
+            if isinstance(c, ast.ClassDef) and c.name == "LinearEXL3"
+            for f in c.body
+            if isinstance(f, ast.FunctionDef) and f.name == "__init__"
+        ),
+        None,
+    )
     if init is None:
         return Row("rt.exllamav3-api", FAIL, f"exllamav3 {version} defines no LinearEXL3.__init__.", fix)
     accepted = {a.arg for a in init.args.args + init.args.kwonlyargs}
     missing = [kw for kw in LINEAR_EXL3_KEYWORDS if kw not in accepted] if init.args.kwarg is None else []
     if missing:
-        return Row("rt.exllamav3-api", FAIL, f"exllamav3 {version}'s LinearEXL3 does not accept {', '.join(missing)}; "
-                                             "vllm-exl3 would fail after loading.", fix)
+        return Row(
+            "rt.exllamav3-api",
+            FAIL,
+            f"exllamav3 {version}'s LinearEXL3 does not accept {', '.join(missing)}; "
+            "vllm-exl3 would fail after loading.",
+            fix,
+        )
     return Row("rt.exllamav3-api", PASS, f"exllamav3 {version}'s LinearEXL3 accepts {', '.join(LINEAR_EXL3_KEYWORDS)}.")
 
 
-def general_plugins(runtime: Runtime) -> tuple[dict[str, tuple[str, str]], list[str]]:
-    """{entry-point name: (distribution, value)} in vllm.general_plugins, and the dist-infos that could not be read."""
-    found, unreadable = {}, []
+def general_plugins(runtime: Runtime) -> dict[str, str]:
+    """{entry-point name: value} of group vllm.general_plugins over every distribution (the first one wins)."""
+    found: dict[str, str] = {}
     for dist in distributions(runtime.site_dirs):
-        groups, problem = dist.entry_points()
-        if problem:
-            unreadable.append(problem)
+        groups, _ = dist.entry_points()
         for name, value in groups.get(PLUGIN_GROUP, {}).items():
-            found.setdefault(name, (dist.name, value))
-    return found, unreadable
+            found.setdefault(name, value)
+    return found
 
 
 @check("rt.plugin", needs=("runtime",))
@@ -522,8 +638,8 @@ def plugin_registered(ctx: DoctorContext) -> Row:
     V0.28.0 vllm/plugins/__init__.py:40-68, envs.py VLLM_PLUGINS; S notes/real-vllm-probe.md §4.
     """
     runtime = ctx.runtime
-    plugins, unreadable = general_plugins(runtime)
-    exl3 = {name: value for name, (_, value) in plugins.items() if value.split(":")[0].split(".")[0] in PLUGIN_MODULES}
+    plugins = general_plugins(runtime)
+    exl3 = {name: value for name, value in plugins.items() if value.split(":")[0].split(".")[0] in PLUGIN_MODULES}
     allowlist = ctx.environ.get("VLLM_PLUGINS")
     allowed = None if allowlist is None else allowlist.split(",")
     fix = f"{PLUGIN_INSTALL}; if you set VLLM_PLUGINS, include vllm_exl3"
@@ -531,22 +647,42 @@ def plugin_registered(ctx: DoctorContext) -> Row:
     if dist is None and not exl3:
         return Row("rt.plugin", FAIL, "vllm-exl3 is not installed in the serving environment.", fix)
     if not exl3:
-        why = f" ({'; '.join(unreadable)})" if unreadable else ""
-        return Row("rt.plugin", FAIL, f"vllm-exl3 {dist.version or '(unknown version)'} is installed but registers "
-                                      f"no {PLUGIN_GROUP} entry point{why}.", fix)
+        _, unreadable = dist.entry_points()
+        why = f" ({unreadable})" if unreadable else ""
+        return Row(
+            "rt.plugin",
+            FAIL,
+            f"vllm-exl3 {dist.version or '(unknown version)'} is installed but registers "
+            f"no {PLUGIN_GROUP} entry point{why}.",
+            fix,
+        )
     name, value = next(iter(exl3.items()))
     module = value.split(":")[0].split(".")[0]
     if find_package(runtime.site_dirs, module) is None:
-        return Row("rt.plugin", FAIL, f"the entry point {name} = {value} names the package {module}, which is not "
-                                      "on the import path.", fix)
+        return Row(
+            "rt.plugin",
+            FAIL,
+            f"the entry point {name} = {value} names the package {module}, which is not on the import path.",
+            fix,
+        )
     if allowed is not None and name not in allowed:
-        near = " (VLLM_PLUGINS names are not trimmed: remove the spaces)" if name in [a.strip() for a in allowed] else ""
-        return Row("rt.plugin", FAIL, f"VLLM_PLUGINS={allowlist!r} does not allow {name}{near}, so vLLM will not "
-                                      "register exl3.", f"export VLLM_PLUGINS={_allowlist_with(allowed, name, plugins)}")
+        near = (
+            " (VLLM_PLUGINS names are not trimmed: remove the spaces)" if name in [a.strip() for a in allowed] else ""
+        )
+        return Row(
+            "rt.plugin",
+            FAIL,
+            f"VLLM_PLUGINS={allowlist!r} does not allow {name}{near}, so vLLM will not register exl3.",
+            f"export VLLM_PLUGINS={_allowlist_with(allowed, name, plugins)}",
+        )
     if allowed is not None and GUARD_ENTRY_POINT in plugins and GUARD_ENTRY_POINT not in allowed:
-        return Row("rt.plugin", WARN, f"VLLM_PLUGINS={allowlist!r} drops patch-dsv4's serve guard ({GUARD_ENTRY_POINT}): "
-                                      "an unpatched tree would start without a word.",
-                   f"export VLLM_PLUGINS={_allowlist_with(allowed, GUARD_ENTRY_POINT, plugins)}")
+        return Row(
+            "rt.plugin",
+            WARN,
+            f"VLLM_PLUGINS={allowlist!r} drops patch-dsv4's serve guard ({GUARD_ENTRY_POINT}): "
+            "an unpatched tree would start without a word.",
+            f"export VLLM_PLUGINS={_allowlist_with(allowed, GUARD_ENTRY_POINT, plugins)}",
+        )
     how = "by VLLM_PLUGINS" if allowed is not None else "(VLLM_PLUGINS unset: every plugin loads)"
     return Row("rt.plugin", PASS, f"vLLM loads the entry point {name} = {value} {how}.")
 
@@ -573,7 +709,12 @@ def config_keys_read(tree: ast.Module) -> set[str]:
     """String keys the module reads from a mapping: ``x.get("k")``, ``x["k"]`` and ``"k" in x``."""
     keys = set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get" and node.args:
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "get"
+            and node.args
+        ):
             first = node.args[0]
         elif isinstance(node, ast.Subscript):
             first = node.slice
@@ -602,25 +743,39 @@ def plugin_features(ctx: DoctorContext) -> Row:
         return Row("rt.plugin-features", SKIP, "vllm_exl3/exl3.py is not installed (rt.plugin reports it)")
     text, problem = read_utf8(source)
     try:
-        tree = compile(text, str(source), "exec", ast.PyCF_ONLY_AST) if text is not None else None
+        # A full compile, not only a parse: it also rejects what is valid syntax but not a module.
+        tree = ast.parse(text) if text is not None and compile(text, str(source), "exec") else None
     except (SyntaxError, ValueError) as exc:
         tree, problem = None, f"{type(exc).__name__}: {exc}"
     if tree is None:
-        return Row("rt.plugin-features", FAIL, f"{source} does not compile ({problem}); vLLM would log the plugin's "
-                                               "import error and then reject exl3.", PLUGIN_INSTALL)
+        return Row(
+            "rt.plugin-features",
+            FAIL,
+            f"{source} does not compile ({problem}); vLLM would log the plugin's import error and then reject exl3.",
+            PLUGIN_INSTALL,
+        )
     read = config_keys_read(tree)
     if ctx.pack is None:
-        return Row("rt.plugin-features", INFO, f"{source} compiles and reads "
-                                               f"{', '.join(k for k in PLUGIN_FEATURES if k in read) or 'none of'} "
-                                               "of the pack keys doctor knows.")
+        known = ", ".join(k for k in PLUGIN_FEATURES if k in read) or "none"
+        return Row("rt.plugin-features", INFO, f"{source} compiles; of the pack keys doctor knows it reads: {known}.")
     block = quantization_config(ctx)
-    ignored = [key for key, (_, needed) in PLUGIN_FEATURES.items() if key in block and needed(block[key]) and key not in read]
+    ignored = [
+        key for key, (_, needed) in PLUGIN_FEATURES.items() if key in block and needed(block[key]) and key not in read
+    ]
     if ignored:
         since = ", ".join(f'"{k}" (added in {PLUGIN_FEATURES[k][0]})' for k in ignored)
-        return Row("rt.plugin-features", FAIL, f"the pack sets {since} but the installed vllm-exl3 does not read it.",
-                   f"upgrade vllm-exl3 to a build that reads it: {PLUGIN_INSTALL}")
+        return Row(
+            "rt.plugin-features",
+            FAIL,
+            f"the pack sets {since} but the installed vllm-exl3 does not read it.",
+            f"upgrade vllm-exl3 to a build that reads it: {PLUGIN_INSTALL}",
+        )
     used = [k for k in PLUGIN_FEATURES if k in block]
-    return Row("rt.plugin-features", PASS, f"{source} compiles and reads every key the pack sets ({', '.join(used) or 'none'}).")
+    return Row(
+        "rt.plugin-features",
+        PASS,
+        f"{source} compiles and reads every key the pack sets ({', '.join(used) or 'none'}).",
+    )
 
 
 @check("rt.plugin-native", needs=("runtime",))
@@ -636,17 +791,31 @@ def plugin_native(ctx: DoctorContext) -> Row:
     extension = locate_extension(runtime, "vllm_exl3_c")
     fix = "rebuild vllm-exl3 in the serving venv (its native part builds unless VLLM_EXL3_NO_CUDA=1)"
     if extension.path is None and extension.unloadable:
-        return Row("rt.plugin-native", WARN, f"vllm_exl3_c will not load ({', '.join(extension.unloadable)}); "
-                                             "the MoE falls back to exllamav3 (correct, slower).", fix)
+        return Row(
+            "rt.plugin-native",
+            WARN,
+            f"vllm_exl3_c will not load ({', '.join(extension.unloadable)}); "
+            "the MoE falls back to exllamav3 (correct, slower).",
+            fix,
+        )
     if extension.path is None:
         return Row("rt.plugin-native", INFO, "no vllm_exl3_c: routed experts run through exllamav3's MoE kernel.")
     machine, problem = elf_machine(extension.path)
     wanted = normal_machine(runtime.machine)
     if problem or (wanted and machine != wanted):
-        return Row("rt.plugin-native", WARN, f"{extension.path.name} will not load ({problem or f'built for {machine}'}); "
-                                             "the MoE falls back to exllamav3 (correct, slower).", fix)
-    return Row("rt.plugin-native", INFO, f"{extension.path} is present; its ABI needs an import to read "
-                                         "(ABI < 2 falls back to exllamav3 for clipped SwiGLU).")
+        return Row(
+            "rt.plugin-native",
+            WARN,
+            f"{extension.path.name} will not load ({problem or f'built for {machine}'}); "
+            "the MoE falls back to exllamav3 (correct, slower).",
+            fix,
+        )
+    return Row(
+        "rt.plugin-native",
+        INFO,
+        f"{extension.path} is present; its ABI needs an import to read "
+        "(ABI < 2 falls back to exllamav3 for clipped SwiGLU).",
+    )
 
 
 def torch_build(runtime: Runtime) -> tuple[str | None, str | None, bool]:
@@ -677,7 +846,9 @@ def torch_matches(ctx: DoctorContext) -> Row:
     version, cuda, installed = torch_build(runtime)
     dist = vllm_dist(runtime)
     pin = dist.pinned("torch") if dist else None
-    reinstall = f"pip install --force-reinstall 'torch=={pin or '<the version vLLM pins>'}' built for CUDA 13 (not the +cpu build)"
+    reinstall = (
+        f"pip install --force-reinstall 'torch=={pin or '<the version vLLM pins>'}' (the CUDA 13 build, not +cpu)"
+    )
     if not installed:
         return Row("rt.torch", FAIL, "torch is not installed in the serving environment.", reinstall)
     if version is None:
@@ -685,10 +856,17 @@ def torch_matches(ctx: DoctorContext) -> Row:
     if cuda is None:
         return Row("rt.torch", FAIL, f"torch {version} is a CPU-only build (torch.version.cuda is None).", reinstall)
     if pin and release(version) != release(pin):
-        return Row("rt.torch", WARN, f"torch {version} (CUDA {cuda}) differs from what vLLM {runtime.vllm_version} "
-                                     f"was built for (torch=={pin}).", reinstall)
+        return Row(
+            "rt.torch",
+            WARN,
+            f"torch {version} (CUDA {cuda}) differs from what vLLM {runtime.vllm_version} "
+            f"was built for (torch=={pin}).",
+            reinstall,
+        )
     found, _ = gpus(ctx)
     if any(gpu.compute_cap == "12.1" for gpu in found) and not cuda.startswith("13."):
-        return Row("rt.torch", WARN, f"torch {version} is built for CUDA {cuda}; the GB10 recipes need CUDA 13.", reinstall)
+        return Row(
+            "rt.torch", WARN, f"torch {version} is built for CUDA {cuda}; the GB10 recipes need CUDA 13.", reinstall
+        )
     pinned = f"is what vLLM {runtime.vllm_version} pins" if pin else "(vLLM's METADATA pins no torch version)"
     return Row("rt.torch", PASS, f"torch {version} (CUDA {cuda}) {pinned}.")

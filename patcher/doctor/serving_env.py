@@ -152,8 +152,17 @@ def find_package(site_dirs: Iterable[Path], name: str) -> Path | None:
 
 # platform.machine() spellings -> the name an ELF header's e_machine gives.
 _MACHINE = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "aarch64", "arm64": "aarch64"}
-_ELF_MACHINE = {3: "i386", 8: "mips", 20: "ppc", 21: "ppc64", 22: "s390x", 40: "arm", 62: "x86_64",
-                183: "aarch64", 243: "riscv64"}
+_ELF_MACHINE = {
+    3: "i386",
+    8: "mips",
+    20: "ppc",
+    21: "ppc64",
+    22: "s390x",
+    40: "arm",
+    62: "x86_64",
+    183: "aarch64",
+    243: "riscv64",
+}
 _TAGGED_SUFFIX = re.compile(r"\.cpython-(\d+)-([A-Za-z0-9_]+)-linux-gnu\.so$")
 
 
@@ -162,7 +171,7 @@ def normal_machine(machine: str | None) -> str | None:
 
 
 def python_tag(python_version: str | None) -> str | None:
-    """"3.12.3" -> "312", the tag in an extension's file name."""
+    """The tag in an extension's file name: "3.12.3" gives "312"."""
     found = release(python_version)
     return f"{found[0]}{found[1]}" if found and len(found) >= 2 else None
 
@@ -184,7 +193,9 @@ def locate_extension(runtime: Runtime, module: str) -> Extension:
     unloadable = []
     for directory in runtime.site_dirs:
         try:
-            names = sorted(p.name for p in directory.iterdir() if p.name.startswith(module + ".") and p.name.endswith(".so"))
+            names = sorted(
+                p.name for p in directory.iterdir() if p.name.startswith(module + ".") and p.name.endswith(".so")
+            )
         except OSError:
             continue
         ranked = []
@@ -262,8 +273,12 @@ def run_tool(ctx: DoctorContext, name: str, args: Sequence[str], timeout: float 
         return ToolRun(None, f"{name} is not on PATH")
     try:
         proc = subprocess.Popen(
-            [executable, *args], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-            env=dict(ctx.environ), start_new_session=True,
+            [executable, *args],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env=dict(ctx.environ),
+            start_new_session=True,
         )
     except OSError as exc:
         return ToolRun(None, f"{executable} cannot be run ({exc.strerror or exc})")
@@ -306,7 +321,9 @@ def gpus(ctx: DoctorContext) -> tuple[tuple[Gpu, ...], str | None]:
     """The GPUs nvidia-smi lists, or () and why there are none to read (cached per run)."""
 
     def query():
-        run = run_tool(ctx, "nvidia-smi", ["--query-gpu=name,compute_cap,memory.total", "--format=csv,noheader,nounits"])
+        run = run_tool(
+            ctx, "nvidia-smi", ["--query-gpu=name,compute_cap,memory.total", "--format=csv,noheader,nounits"]
+        )
         if run.output is None:
             return (), run.problem
         found = []

@@ -28,8 +28,16 @@ from patcher.doctor.base import CHECKS, DoctorContext, Row, Runtime, run_checks
 from tests.releases import pristine_tree, wheel
 
 EM_X86_64, EM_AARCH64 = 62, 183
-PLUGIN_KEYS = ("bits", "codebook", "layer_bits", "non_routed_quantization", "mtp_experts", "mtp_experts_start_layer",
-               "non_routed_exl3", "non_routed_dtype_policy")
+PLUGIN_KEYS = (
+    "bits",
+    "codebook",
+    "layer_bits",
+    "non_routed_quantization",
+    "mtp_experts",
+    "mtp_experts_start_layer",
+    "non_routed_exl3",
+    "non_routed_dtype_policy",
+)
 UPSTREAM_KERNELS = ("native", "exllamav3", "auto")
 
 
@@ -42,8 +50,11 @@ def install_vllm(site: Path, version: str) -> Path:
     for relpath in ("vllm/envs.py", "vllm/utils/flashinfer.py"):
         (site / relpath).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(source / relpath, site / relpath)
-    shutil.copytree(source / "vllm/models/deepseek_v4", site / "vllm/models/deepseek_v4",
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(
+        source / "vllm/models/deepseek_v4",
+        site / "vllm/models/deepseek_v4",
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
     dist_info = site / f"vllm-{version}.dist-info"
     dist_info.mkdir()
     shutil.copyfile(source / dist_info.name / "METADATA", dist_info / "METADATA")
@@ -104,15 +115,19 @@ def remove_extension(site: Path, module: str = "exllamav3_ext") -> None:
 def plugin_source(reads: tuple[str, ...] = PLUGIN_KEYS, kernels: tuple[str, ...] | None = UPSTREAM_KERNELS) -> str:
     """A vllm_exl3/exl3.py shaped like the plugin's: ``from_config`` reads ``reads`` with ``config.get``."""
     gets = "\n".join(f"        inst.{key} = config.get({key!r})" for key in reads)
-    backend = "" if kernels is None else f'''
+    backend = (
+        ""
+        if kernels is None
+        else f"""
 
 def get_moe_kernel_backend() -> str:
     requested = os.environ.get("VLLM_EXL3_MOE_KERNEL", "auto").strip().lower()
     if requested not in {set(kernels)!r}:
         requested = "auto"
     return requested
-'''
-    return f'''import os
+"""
+    )
+    return f"""import os
 
 
 class Exl3Config:
@@ -121,7 +136,7 @@ class Exl3Config:
         inst = cls()
 {gets}
         return inst
-{backend}'''
+{backend}"""
 
 
 def install_plugin(site: Path, version: str = "0.4.1", entry_point: bool = True, source: str | None = None) -> Path:
@@ -150,7 +165,9 @@ def install_guard(site: Path) -> Path:
 def torch_pin(vllm: str) -> str:
     """The torch version the vLLM release's METADATA pins."""
     metadata = (pristine_tree(vllm) / f"vllm-{vllm}.dist-info/METADATA").read_text()
-    (pin,) = [line.split("==")[1].strip() for line in metadata.splitlines() if line.startswith("Requires-Dist: torch==")]
+    (pin,) = [
+        line.split("==")[1].strip() for line in metadata.splitlines() if line.startswith("Requires-Dist: torch==")
+    ]
     return pin
 
 
@@ -186,11 +203,15 @@ def nvidia_smi(directory: Path, gpus: list[tuple[str, str, str]], apps: list[tup
     """A stub nvidia-smi answering doctor's two queries (csv, noheader, nounits)."""
     gpu_lines = "".join(", ".join(gpu) + "\\n" for gpu in gpus)
     app_lines = "".join(f"{pid}, {name}, {memory}\\n" for pid, name, memory in apps)
-    return write_tool(directory, "nvidia-smi", f"""case "$*" in
+    return write_tool(
+        directory,
+        "nvidia-smi",
+        f"""case "$*" in
   *--query-gpu=*) printf '{gpu_lines}' ;;
   *--query-compute-apps=*) printf '{app_lines}' ;;
   *) exit 2 ;;
-esac""")
+esac""",
+    )
 
 
 def cuobjdump(directory: Path, cubins: list[str]) -> Path:
@@ -242,8 +263,13 @@ def vcruz305_config() -> dict:
             "layer_bits": {"3": 3, "13": 3, "21": 3, "22": 3, "28": 3, "41": 3},
             "mtp_experts": "source",
             "mtp_experts_start_layer": 43,
-            "non_routed_quantization": {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
-                                        "scale_fmt": "ue8m0", "weight_block_size": [128, 128]},
+            "non_routed_quantization": {
+                "activation_scheme": "dynamic",
+                "fmt": "e4m3",
+                "quant_method": "fp8",
+                "scale_fmt": "ue8m0",
+                "weight_block_size": [128, 128],
+            },
         },
     }
 
@@ -254,12 +280,20 @@ def lna_lab_config() -> dict:
     block = config["quantization_config"]
     del block["mtp_experts"], block["mtp_experts_start_layer"]
     block["layer_bits"].update({"43": 2, "44": 2, "45": 2})
-    block["non_routed_exl3"] = {"codebook": "mcg", "layers": {
-        f"model.layers.{n}.{module}": {"bits": 6}
-        for n in range(43)
-        for module in ("attn.fused_wqa_wkv", "attn.wq_b", "attn.compressor.fused_wkv_wgate",
-                       "mlp.shared_experts.gate_up_proj", "mlp.shared_experts.down_proj")
-    }}
+    block["non_routed_exl3"] = {
+        "codebook": "mcg",
+        "layers": {
+            f"model.layers.{n}.{module}": {"bits": 6}
+            for n in range(43)
+            for module in (
+                "attn.fused_wqa_wkv",
+                "attn.wq_b",
+                "attn.compressor.fused_wkv_wgate",
+                "mlp.shared_experts.gate_up_proj",
+                "mlp.shared_experts.down_proj",
+            )
+        },
+    }
     return config
 
 
@@ -281,8 +315,9 @@ class Deployment:
     serve_args: str = ""
 
     def context(self) -> DoctorContext:
-        return DoctorContext.from_serve_args(self.serve_args, pack=self.pack, runtime=self.runtime,
-                                             environ=dict(self.environ), proc_root=self.proc)
+        return DoctorContext.from_serve_args(
+            self.serve_args, pack=self.pack, runtime=self.runtime, environ=dict(self.environ), proc_root=self.proc
+        )
 
     def change_runtime(self, **changes) -> None:
         self.runtime = replace(self.runtime, **changes)
@@ -317,10 +352,22 @@ def vcruz305(tmp_path: Path, vllm: str = "0.28.0", flashinfer: str = "0.6.18") -
     proc = tmp_path / "proc"
     write_meminfo(proc, total_kb=127_601_092, free_kb=121_000_000, cached_kb=1_500_000)
     pack = write_pack(tmp_path / "pack", vcruz305_config(), total_bytes=95 * 10**9)
-    verdicts = {"dtype-policy": "applied", "loader-skips": "applied", "stream-load": "not-applicable",
-                "wide-swa": "not-applicable", "aux-streams": "opt-in"}
-    runtime = Runtime(site_dirs=(site,), vllm_root=site, vllm_version=vllm, python_version="3.12.3",
-                      machine="aarch64", patch_verdicts=verdicts, **flashinfer_runtime_fields(flashinfer))
+    verdicts = {
+        "dtype-policy": "applied",
+        "loader-skips": "applied",
+        "stream-load": "not-applicable",
+        "wide-swa": "not-applicable",
+        "aux-streams": "opt-in",
+    }
+    runtime = Runtime(
+        site_dirs=(site,),
+        vllm_root=site,
+        vllm_version=vllm,
+        python_version="3.12.3",
+        machine="aarch64",
+        patch_verdicts=verdicts,
+        **flashinfer_runtime_fields(flashinfer),
+    )
     environ = {
         "PATH": f"{cuda_home / 'bin'}:{venv_bin}:{tools}",
         "CUDA_HOME": str(cuda_home),
@@ -357,10 +404,22 @@ def lna_lab(tmp_path: Path, vllm: str = "0.33.0", flashinfer: str = "0.7.2.post1
     tune_cache = tmp_path / "exl3-tune-cache"
     tune_cache.mkdir()
     (tune_cache / "coop_autotune_v1.bin").write_bytes(b"\x01" * 4096)
-    verdicts = {"dtype-policy": "upstream", "loader-skips": "upstream", "stream-load": "upstream",
-                "wide-swa": "upstream", "aux-streams": "applied"}
-    runtime = Runtime(site_dirs=(site,), vllm_root=site, vllm_version=vllm, python_version="3.12.3",
-                      machine="x86_64", patch_verdicts=verdicts, **flashinfer_runtime_fields(flashinfer))
+    verdicts = {
+        "dtype-policy": "upstream",
+        "loader-skips": "upstream",
+        "stream-load": "upstream",
+        "wide-swa": "upstream",
+        "aux-streams": "applied",
+    }
+    runtime = Runtime(
+        site_dirs=(site,),
+        vllm_root=site,
+        vllm_version=vllm,
+        python_version="3.12.3",
+        machine="x86_64",
+        patch_verdicts=verdicts,
+        **flashinfer_runtime_fields(flashinfer),
+    )
     environ = {
         "PATH": f"{cuda_home / 'bin'}:{venv_bin}:{tools}",
         "CUDA_HOME": str(cuda_home),

@@ -34,7 +34,7 @@ def test_unknown_vllm_variable_warns(tmp_path):
     deployment.environ["VLLM_FOO"] = "1"
     row = check_row(deployment.context(), "env.unknown-vllm")
     assert row.status == "warn"
-    assert row.detail.startswith("VLLM_FOO unknown to vLLM 0.33.0")
+    assert row.detail.startswith("VLLM_FOO is unknown to vLLM 0.33.0")
     assert row.fix == "unset VLLM_FOO"
 
 
@@ -112,7 +112,10 @@ def test_exl3_attention_without_the_switch_warns(tmp_path):
     row = check_row(deployment.context(), "env.aux-streams")
     assert row.status == "warn"
     assert "PATCH_DSV4_AUX_STREAMS=0 is not set" in row.detail
-    assert row.fix == f"patch-dsv4 apply --with aux-streams --site-packages {deployment.site} && export PATCH_DSV4_AUX_STREAMS=0"
+    assert (
+        row.fix
+        == f"patch-dsv4 apply --with aux-streams --site-packages {deployment.site} && export PATCH_DSV4_AUX_STREAMS=0"
+    )
 
 
 def test_exl3_attention_without_the_patch_warns(tmp_path):
@@ -152,8 +155,10 @@ def test_capture_guarded_sources_pass(tmp_path):
     deployment = lna_lab(tmp_path)
     del deployment.environ["EXLLAMAV3_TUNE_CACHE"]
     gemm = deployment.site / "exllamav3/exllamav3_ext/quant/exl3_gemm.cu"
-    gemm.write_text(gemm.read_text() + "\nstatic bool lna_stream_is_capturing(cudaStream_t s) "
-                                       "{ cudaStreamCaptureStatus st; cudaStreamIsCapturing(s, &st); return st; }\n")
+    gemm.write_text(
+        gemm.read_text() + "\nstatic bool lna_stream_is_capturing(cudaStream_t s) "
+        "{ cudaStreamCaptureStatus st; cudaStreamIsCapturing(s, &st); return st; }\n"
+    )
     assert check_row(deployment.context(), "env.graphs-autotune").status == "pass"
 
 

@@ -204,7 +204,9 @@ def test_another_gpu_process_warns(tmp_path):
 
 def test_weights_alone_over_the_budget_warn(tmp_path):
     deployment = vcruz305(tmp_path)
-    deployment.serve_args = deployment.serve_args.replace("--gpu-memory-utilization 0.92", "--gpu-memory-utilization 0.5")
+    deployment.serve_args = deployment.serve_args.replace(
+        "--gpu-memory-utilization 0.92", "--gpu-memory-utilization 0.5"
+    )
     row = check_row(deployment.context(), "host.kv-budget")
     assert row.status == "warn"
     assert "the weights alone exceed" in row.detail
@@ -212,8 +214,9 @@ def test_weights_alone_over_the_budget_warn(tmp_path):
 
 def test_wide_prefill_chunks_at_256k_warn(tmp_path):
     deployment = vcruz305(tmp_path)
-    deployment.serve_args = (deployment.serve_args.replace("--max-model-len 65536", "--max-model-len 262144")
-                             .replace("--max-num-batched-tokens 2048", "--max-num-batched-tokens 8192"))
+    deployment.serve_args = deployment.serve_args.replace("--max-model-len 65536", "--max-model-len 262144").replace(
+        "--max-num-batched-tokens 2048", "--max-num-batched-tokens 8192"
+    )
     row = check_row(deployment.context(), "host.kv-budget")
     assert row.status == "warn"
     assert row.fix == "serve with --max-num-batched-tokens 2048"

@@ -32,15 +32,26 @@ def test_healthy_deployment_has_no_failing_runtime_row(tmp_path, name):
     rows = module_rows(DEPLOYMENTS[name](tmp_path).context(), "rt.")
     assert [r for r in rows if r.status == "fail"] == []
     assert {r.id for r in rows} == {
-        "rt.python", "rt.vllm-route", "rt.patches", "rt.flashinfer", "rt.flashinfer-jit", "rt.exllamav3-ext",
-        "rt.exllamav3-api", "rt.plugin", "rt.plugin-features", "rt.plugin-native", "rt.torch",
+        "rt.python",
+        "rt.vllm-route",
+        "rt.patches",
+        "rt.flashinfer",
+        "rt.flashinfer-jit",
+        "rt.exllamav3-ext",
+        "rt.exllamav3-api",
+        "rt.plugin",
+        "rt.plugin-features",
+        "rt.plugin-native",
+        "rt.torch",
     }
 
 
 # --- rt.python ---------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("version, status", [("3.11.9", "fail"), ("3.13.1", "warn"), ("3.12.3", "pass"), (None, "skip")])
+@pytest.mark.parametrize(
+    "version, status", [("3.11.9", "fail"), ("3.13.1", "warn"), ("3.12.3", "pass"), (None, "skip")]
+)
 def test_python_floor_and_recipe_version(tmp_path, version, status):
     deployment = vcruz305(tmp_path)
     deployment.change_runtime(python_version=version)
@@ -82,10 +93,18 @@ def _patch_row(ctx, patch_id):
     return row
 
 
-@pytest.mark.parametrize("verdict, status", [
-    ("pending", "fail"), ("drifted", "fail"), ("modified", "fail"),
-    ("applied", "pass"), ("upstream", "pass"), ("not-applicable", "pass"), ("opt-in", "info"),
-])
+@pytest.mark.parametrize(
+    "verdict, status",
+    [
+        ("pending", "fail"),
+        ("drifted", "fail"),
+        ("modified", "fail"),
+        ("applied", "pass"),
+        ("upstream", "pass"),
+        ("not-applicable", "pass"),
+        ("opt-in", "info"),
+    ],
+)
 def test_each_patch_verdict_has_its_status(tmp_path, verdict, status):
     deployment = vcruz305(tmp_path, vllm="0.30.0", flashinfer="0.6.18.post1")
     deployment.set_verdict("wide-swa", verdict)
@@ -311,7 +330,9 @@ def test_plugin_distribution_without_entry_point_fails(tmp_path):
 def test_plugin_not_installed_fails(tmp_path):
     deployment = vcruz305(tmp_path)
     shutil.rmtree(deployment.site / "vllm_exl3-0.4.1.dist-info")
-    assert check_row(deployment.context(), "rt.plugin").detail == "vllm-exl3 is not installed in the serving environment."
+    assert (
+        check_row(deployment.context(), "rt.plugin").detail == "vllm-exl3 is not installed in the serving environment."
+    )
 
 
 def test_allowlist_without_the_guard_warns(tmp_path):
@@ -322,8 +343,14 @@ def test_allowlist_without_the_guard_warns(tmp_path):
     assert row.fix == "export VLLM_PLUGINS=vllm_exl3,patch_dsv4"
 
 
-@pytest.mark.parametrize("allowlist, hint", [("", "does not allow vllm_exl3"), ("patch_dsv4", "does not allow vllm_exl3"),
-                                             ("patch_dsv4, vllm_exl3", "remove the spaces")])
+@pytest.mark.parametrize(
+    "allowlist, hint",
+    [
+        ("", "does not allow vllm_exl3"),
+        ("patch_dsv4", "does not allow vllm_exl3"),
+        ("patch_dsv4, vllm_exl3", "remove the spaces"),
+    ],
+)
 def test_allowlist_without_the_plugin_fails(tmp_path, allowlist, hint):
     deployment = vcruz305(tmp_path)
     deployment.environ["VLLM_PLUGINS"] = allowlist
@@ -335,7 +362,9 @@ def test_allowlist_without_the_plugin_fails(tmp_path, allowlist, hint):
 
 def test_entry_points_not_utf8_fails_without_a_traceback(tmp_path):
     deployment = vcruz305(tmp_path)
-    (deployment.site / "vllm_exl3-0.4.1.dist-info/entry_points.txt").write_bytes(b"[vllm.general_plugins]\n\xff\xfe=\x80\n")
+    (deployment.site / "vllm_exl3-0.4.1.dist-info/entry_points.txt").write_bytes(
+        b"[vllm.general_plugins]\n\xff\xfe=\x80\n"
+    )
     row = check_row(deployment.context(), "rt.plugin")
     assert row.status == "fail"
     assert "entry_points.txt is not UTF-8" in row.detail
@@ -422,3 +451,26 @@ def test_cuda_12_torch_on_gb10_warns(tmp_path):
     assert row.status == "warn"
     assert "the GB10 recipes need CUDA 13" in row.detail
 
+
+# --- unreadable inputs: every row is a verdict, never an internal error ------------------------
+
+
+def _garble(deployment):
+    for metadata in deployment.site.glob("*.dist-info/METADATA"):
+        metadata.write_bytes(b"\xff\xfe\x00garbage\n:::\n")
+    for entry_points in deployment.site.glob("*.dist-info/entry_points.txt"):
+        entry_points.write_bytes(b"[vllm.general_plugins\n\x80\x81 = =\n")
+    (deployment.site / "torch/version.py").write_bytes(b"__version__ = \xff\n")
+    (deployment.site / "exllamav3/modules/quant/exl3.py").write_text("class LinearEXL3(:\n")
+    (deployment.site / "vllm/utils/flashinfer.py").write_bytes(b"\x00\x01")
+    for extension in deployment.site.glob("*.so"):
+        extension.write_bytes(b"\x7fEL")
+
+
+@pytest.mark.parametrize("name", DEPLOYMENTS)
+def test_garbled_files_never_raise(tmp_path, name):
+    deployment = DEPLOYMENTS[name](tmp_path)
+    _garble(deployment)
+    rows = module_rows(deployment.context(), "rt.")
+    assert [r.detail for r in rows if "internal error" in r.detail] == []
+    assert {r.id: r.status for r in rows}["rt.exllamav3-ext"] == "fail"
