@@ -19,8 +19,8 @@ from .serving_env import (
     exl3_attention,
     exl3_shared_experts,
     find_package,
-    human_readable_int,
     locate_extension,
+    max_model_len,
 )
 
 SHARED_STREAM = "VLLM_DISABLE_SHARED_EXPERTS_STREAM"
@@ -302,16 +302,12 @@ def graph_capture_autotune(ctx: DoctorContext) -> Row:
 def allocator_for_long_context(ctx: DoctorContext) -> Row:
     """Long contexts need PyTorch's expandable segments.
 
-    WARN when --max-model-len (else the pack's max_position_embeddings) is over
-    ~200k and PYTORCH_CUDA_ALLOC_CONF (or PYTORCH_ALLOC_CONF) lacks
+    WARN when --max-model-len (absent or auto: the pack's max_position_embeddings)
+    is over ~200k and PYTORCH_CUDA_ALLOC_CONF (or PYTORCH_ALLOC_CONF) lacks
     expandable_segments:True. Evidence: R README.md:423-427, serve_one_spark_dsv4.sh:63.
     """
-    flag = ctx.serve_flag("--max-model-len")
-    length = human_readable_int(flag)
-    source = "--max-model-len"
-    if flag is None and ctx.pack is not None:
-        length, source = ctx.config().get("max_position_embeddings"), "max_position_embeddings"
-    if not isinstance(length, int):
+    length, source = max_model_len(ctx)
+    if length is None:
         return Row("env.alloc-conf", SKIP, "no readable --max-model-len (nor a pack to take it from)")
     conf = ",".join(ctx.environ.get(v, "") for v in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"))
     expandable = "expandable_segments:True" in conf.replace(" ", "")

@@ -18,6 +18,7 @@ from .serving_env import (
     gpus,
     human_readable_int,
     locate_extension,
+    max_model_len,
     meminfo,
     pack_bytes,
     release,
@@ -243,9 +244,8 @@ def kv_budget(ctx: DoctorContext) -> Row:
     if not found:
         return Row("host.kv-budget", SKIP, f"no GPU memory to budget: {problem}")
     tp, util = tensor_parallel_size(ctx), gpu_memory_utilization(ctx)
-    flag = ctx.serve_flag("--max-model-len")
-    length = human_readable_int(flag) if flag is not None else config.get("max_position_embeddings")
-    if tp is None or util is None or not isinstance(length, int):
+    length, _ = max_model_len(ctx)
+    if tp is None or util is None or length is None:
         return Row(
             "host.kv-budget",
             SKIP,

@@ -384,6 +384,16 @@ def human_readable_int(text: str | None) -> int | None:
         return None
 
 
+def max_model_len(ctx: DoctorContext) -> tuple[int | None, str]:
+    """(the context length, where it came from): --max-model-len, or where it is absent or auto (-1) the
+    pack's max_position_embeddings, the most vLLM would take; None when neither can be read."""
+    flag = ctx.serve_flag("--max-model-len")
+    if flag is not None and flag.strip().lower() not in ("auto", "-1"):
+        return human_readable_int(flag), "--max-model-len"
+    length = ctx.config().get("max_position_embeddings") if ctx.pack is not None else None
+    return (length if isinstance(length, int) else None), "max_position_embeddings"
+
+
 def tensor_parallel_size(ctx: DoctorContext) -> int | None:
     """--tensor-parallel-size (or -tp); 1 when absent, None when it is not a positive integer."""
     value = ctx.serve_flag("--tensor-parallel-size") or ctx.serve_flag("-tp")

@@ -189,9 +189,10 @@ def test_long_context_without_expandable_segments_warns(tmp_path, length):
     assert row.fix == "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
 
 
-def test_without_max_model_len_the_pack_length_counts(tmp_path):
+@pytest.mark.parametrize("flag", ["", "--max-model-len auto ", "--max-model-len -1 "])
+def test_without_a_max_model_len_the_pack_length_counts(tmp_path, flag):
     deployment = lna_lab(tmp_path)
-    deployment.serve_args = deployment.serve_args.replace("--max-model-len 65536 ", "")
+    deployment.serve_args = deployment.serve_args.replace("--max-model-len 65536 ", flag)
     row = check_row(deployment.context(), "env.alloc-conf")
     assert row.status == "warn"
     assert row.detail.startswith("max_position_embeddings is 1,048,576 tokens")
