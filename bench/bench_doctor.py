@@ -32,8 +32,8 @@ CHILD = """
 import json, resource, sys, time
 from pathlib import Path
 start = time.perf_counter()
-from patcher.doctor import pack
-from patcher.doctor.base import CHECKS, DoctorContext, run_checks
+from patch_dsv4.doctor import pack
+from patch_dsv4.doctor.base import CHECKS, DoctorContext, run_checks
 ctx = DoctorContext.from_serve_args(sys.argv[2], pack=Path(sys.argv[1]))
 rows = run_checks(ctx, [spec for spec in CHECKS if spec.fn.__module__ == pack.__name__])
 print(json.dumps({

@@ -25,7 +25,7 @@ from tests.releases import copy_tree, pristine_tree  # noqa: E402
 
 PROBE = (
     "import sys, runpy; sys.argv = ['patch-dsv4', *sys.argv[1:]];\n"
-    "from patcher.cli import main\n"
+    "from patch_dsv4.cli import main\n"
     "code = main(sys.argv[1:])\n"
     "print('LIBCST_IMPORTED' if 'libcst' in sys.modules else 'LIBCST_NOT_IMPORTED', file=sys.stderr)\n"
     "sys.exit(code)\n"

@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import patcher.state  # noqa: E402
+import patch_dsv4.state  # noqa: E402
 from tests.conftest import run_cli  # noqa: E402
 from tests.releases import content_snapshot, copy_tree, pristine_tree  # noqa: E402
 from tests.test_safety import _run_ranks  # noqa: E402
@@ -31,7 +31,7 @@ def main() -> None:
     parser.add_argument("--version", default="0.30.0")
     args = parser.parse_args()
     if args.no_lock:
-        patcher.state.StateStore.lock = lambda self, timeout, on_wait=None: contextlib.nullcontext()
+        patch_dsv4.state.StateStore.lock = lambda self, timeout, on_wait=None: contextlib.nullcontext()
     for trial in range(args.trials):
         work = Path(tempfile.mkdtemp())
         tree = copy_tree(pristine_tree(args.version), work / "site-packages")

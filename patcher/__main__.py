@@ -1,3 +1,3 @@
-from patcher.cli import main
+from patch_dsv4.cli import main
 
 main()

@@ -23,10 +23,10 @@ RECORD_COMMAND = "patch-dsv4 anchors record --all"
 
 
 def anchors_dir() -> Path:
-    """The anchors/ package directory (the repository's, in an editable install)."""
-    import anchors
+    """The anchors/ package data directory (the repository's own, in an editable install)."""
+    from importlib.resources import files
 
-    return Path(anchors.__file__).resolve().parent
+    return Path(str(files("patch_dsv4.anchors")))
 
 
 def anchors_path(vllm_version: str, directory: Path | None = None) -> Path:

@@ -1,4 +1,4 @@
-"""The `patch-dsv4` command: a thin Typer layer over patcher.commands."""
+"""The `patch-dsv4` command: a thin Typer layer over patch_dsv4.commands."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ except ImportError:  # pragma: no cover - depends on the installed typer
 # The vendored click of newer typer has no Abort of its own: typer.Abort is it.
 _ABORTS = tuple({typer.Abort, getattr(click_exceptions, "Abort", typer.Abort)})
 
-from patcher import __version__
-from patcher.errors import EXIT_ENVIRONMENT, PatcherError
+from patch_dsv4 import __version__
+from patch_dsv4.errors import EXIT_ENVIRONMENT, PatcherError
 
 app = typer.Typer(
     name="patch-dsv4",
@@ -46,13 +46,13 @@ def _format(fmt: str, as_json: bool) -> str:
 
 
 def _environment(site_packages: Optional[Path], python: Optional[str]):
-    from patcher.environment import locate_vllm
+    from patch_dsv4.environment import locate_vllm
 
     return locate_vllm(site_packages, python)
 
 
 def _finish(report, fmt: str) -> None:
-    from patcher.render import render
+    from patch_dsv4.render import render
 
     render(report, fmt)
     raise typer.Exit(report.exit_code)
@@ -61,7 +61,7 @@ def _finish(report, fmt: str) -> None:
 @app.command("list")
 def list_patches(fmt: str = Format, as_json: bool = JsonFlag) -> None:
     """The patches: what each fixes, why, and where."""
-    from patcher.registry import discover_patches
+    from patch_dsv4.registry import discover_patches
 
     fmt = _format(fmt, as_json)
     patches = discover_patches()
@@ -87,7 +87,7 @@ def status(
     as_json: bool = JsonFlag,
 ) -> None:
     """A verdict per patch for this environment."""
-    from patcher import commands
+    from patch_dsv4 import commands
 
     fmt = _format(fmt, as_json)
     _finish(commands.status(_environment(site_packages, python)), fmt)
@@ -105,7 +105,7 @@ def apply(
     as_json: bool = JsonFlag,
 ) -> None:
     """Apply every patch this environment needs (all files or none)."""
-    from patcher import commands
+    from patch_dsv4 import commands
 
     fmt = _format(fmt, as_json)
     env = _environment(site_packages, python)
@@ -120,7 +120,7 @@ def verify(
     as_json: bool = JsonFlag,
 ) -> None:
     """CI gate: exit 0 only if every patch this environment needs is applied and intact."""
-    from patcher import commands
+    from patch_dsv4 import commands
 
     fmt = _format(fmt, as_json)
     _finish(commands.verify(_environment(site_packages, python)), fmt)
@@ -135,19 +135,19 @@ def revert(
     as_json: bool = JsonFlag,
 ) -> None:
     """Restore every file we patched, byte for byte, and remove the state."""
-    from patcher import commands
+    from patch_dsv4 import commands
 
     fmt = _format(fmt, as_json)
     _finish(commands.revert(_environment(site_packages, python), lock_timeout=lock_timeout), fmt)
 
 
-# -- drift and anchors: judge a release without installing it (patcher/drift.py) ----
+# -- drift and anchors: judge a release without installing it (drift.py) ----
 CacheDir = typer.Option(None, "--cache-dir", help="Where fetched wheels are kept (default ~/.cache/patch-dsv4/wheels).")
 PipOption = typer.Option(None, "--pip-option", help="Pass this option to pip download (repeatable), e.g. --pip-option=--pre.")
 
 
 def _release_target(vllm_version, wheel, source, flashinfer_version, cache_dir, pip_options):
-    from patcher import release_target as rt
+    from patch_dsv4 import release_target as rt
 
     if wheel is not None and (source is not None or vllm_version is not None):
         raise PatcherError("--wheel takes no --source or --vllm-version", "the wheel names its release", "pass one of them")
@@ -180,8 +180,8 @@ def drift(
     as_json: bool = JsonFlag,
 ) -> None:
     """Judge a vLLM release without installing it: per patch, its verdict and its anchors' fingerprints."""
-    from patcher.drift import drift as judge_drift
-    from patcher.drift_render import render
+    from patch_dsv4.drift import drift as judge_drift
+    from patch_dsv4.drift_render import render
 
     fmt = _format(fmt, as_json)
     with _release_target(vllm_version, wheel, source, flashinfer_version, cache_dir, pip_options) as target:
@@ -204,9 +204,9 @@ def anchors_record(
     check: bool = typer.Option(False, "--check", help="Write nothing; exit 1 if a record differs from a fresh one."),
 ) -> None:
     """Maintainers: record each release's verdicts, fingerprints and file hashes from its real wheel."""
-    from patcher import anchors_store
-    from patcher.drift import record
-    from patcher.release_target import fetch_wheel, open_wheel
+    from patch_dsv4 import anchors_store
+    from patch_dsv4.drift import record
+    from patch_dsv4.release_target import fetch_wheel, open_wheel
 
     versions = list(vllm_versions or [])
     if record_all:

@@ -1,7 +1,7 @@
 """The command functions: status, verify, apply, revert over one Environment.
 
-Each returns a :class:`patcher.verdicts.Report` (the CLI only renders it) or
-raises a :class:`patcher.errors.PatcherError` naming what failed, why, and the
+Each returns a :class:`patch_dsv4.verdicts.Report` (the CLI only renders it) or
+raises a :class:`patch_dsv4.errors.PatcherError` naming what failed, why, and the
 command to run next.
 """
 
@@ -10,16 +10,16 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass, replace
 
-from patcher import __version__
-from patcher.environment import Environment, record_digest
-from patcher.errors import EXIT_NEEDS_ACTION, EXIT_OK, EnvironmentProblem, Refused
-from patcher.fs import checkpoint, sha256_bytes
-from patcher.judge import Judgement, edit_reports, judge, patch_report
-from patcher.patch import Context, Patch
-from patcher.registry import declared_files, discover_patches, patch_digest
-from patcher.state import FileEntry, Manifest, StateStore
-from patcher.transaction import recover, write_apply, write_revert
-from patcher.verdicts import PatchReport, Report, Verdict
+from patch_dsv4 import __version__
+from patch_dsv4.environment import Environment, record_digest
+from patch_dsv4.errors import EXIT_NEEDS_ACTION, EXIT_OK, EnvironmentProblem, Refused
+from patch_dsv4.fs import checkpoint, sha256_bytes
+from patch_dsv4.judge import Judgement, edit_reports, judge, patch_report
+from patch_dsv4.patch import Context, Patch
+from patch_dsv4.registry import declared_files, discover_patches, patch_digest
+from patch_dsv4.state import FileEntry, Manifest, StateStore
+from patch_dsv4.transaction import recover, write_apply, write_revert
+from patch_dsv4.verdicts import PatchReport, Report, Verdict
 
 
 # -- the state as it stands ---------------------------------------------------------
@@ -225,7 +225,7 @@ def status(env: Environment, command: str = "status") -> Report:
 
 def build_identity(env: Environment, view: StateView) -> dict:
     """Whether this vLLM build is a release recorded in anchors/ (files we patched count as they were)."""
-    from patcher.anchors_store import known_release
+    from patch_dsv4.anchors_store import known_release
 
     def as_installed(relpath: str) -> str | None:
         entry = view.manifest.files.get(relpath) if view.kind == "current" else None
@@ -246,7 +246,7 @@ def fast_verdicts(env: Environment, view: StateView) -> tuple[PatchReport, ...] 
     exactly the files the state says we wrote: a state with an empty or forged
     file table never vouches for an unpatched tree. Anything else is judged again.
     """
-    from patcher import anchors_store
+    from patch_dsv4 import anchors_store
 
     manifest = view.manifest
     if view.kind != "current" or view.modified or not manifest.verdicts:

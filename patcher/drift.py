@@ -1,10 +1,10 @@
 """Judge a vLLM release before installing it: which patches it needs, which upstream fixed, which drifted.
 
-The judgement is the engine's own (:func:`patcher.engine.judge` over a
-:class:`patcher.patch.Context`), so ``drift`` on a wheel gives the verdicts
+The judgement is the engine's own (:func:`patch_dsv4.engine.judge` over a
+:class:`patch_dsv4.patch.Context`), so ``drift`` on a wheel gives the verdicts
 ``status`` gives on the installed release. On top of the verdicts, each
 anchor's enclosing function is fingerprinted (formatting-blind, see
-:mod:`patcher.fingerprint`) and compared with the fingerprints recorded in
+:mod:`patch_dsv4.fingerprint`) and compared with the fingerprints recorded in
 anchors/ for the known releases:
 
 - ``recorded``: seen in a known release;
@@ -19,13 +19,13 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 
-from patcher import anchors_store
-from patcher.anchors_store import BuildMatch
-from patcher.errors import EXIT_NEEDS_ACTION, EXIT_OK, PatcherError
-from patcher.fingerprint import scope_fingerprint
-from patcher.patch import Context, Patch
-from patcher.release_target import ReleaseTarget
-from patcher.verdicts import PatchReport, Report, Verdict
+from patch_dsv4 import anchors_store
+from patch_dsv4.anchors_store import BuildMatch
+from patch_dsv4.errors import EXIT_NEEDS_ACTION, EXIT_OK, PatcherError
+from patch_dsv4.fingerprint import scope_fingerprint
+from patch_dsv4.patch import Context, Patch
+from patch_dsv4.release_target import ReleaseTarget
+from patch_dsv4.verdicts import PatchReport, Report, Verdict
 
 RECORDED, NEW, DRIFTED, ABSENT = "recorded", "new", "drifted", "absent"
 
@@ -97,8 +97,8 @@ class _Judged:
 
 
 def _judge(target: ReleaseTarget, patches: list[Patch] | None = None) -> _Judged:
-    from patcher.judge import judge, patch_report
-    from patcher.registry import discover_patches
+    from patch_dsv4.judge import judge, patch_report
+    from patch_dsv4.registry import discover_patches
 
     patches = discover_patches() if patches is None else patches
     ctx = target.context()

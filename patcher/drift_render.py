@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
-from patcher.drift import DriftReport
+from patch_dsv4.drift import DriftReport
 
 
 def _head(d: DriftReport) -> str:

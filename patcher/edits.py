@@ -14,9 +14,9 @@ import textwrap
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
 
-from patcher.fingerprint import find_scope, normalize_node, statements
-from patcher.patch import Context, Edit, injected_names_prefix
-from patcher.verdicts import Outcome, Verdict
+from patch_dsv4.fingerprint import find_scope, normalize_node, statements
+from patch_dsv4.patch import Context, Edit, injected_names_prefix
+from patch_dsv4.verdicts import Outcome, Verdict
 
 Probe = Callable[[Context, "str | None"], "Outcome | None"]
 

@@ -22,8 +22,8 @@ from typing import Iterable, Mapping
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
-from patcher.errors import EnvironmentProblem
-from patcher.fs import PackageTree, UnsafePath
+from patch_dsv4.errors import EnvironmentProblem
+from patch_dsv4.fs import PackageTree, UnsafePath
 
 VLLM = "vllm"
 FLASHINFER = "flashinfer-python"

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-from patcher.errors import EnvironmentProblem
+from patch_dsv4.errors import EnvironmentProblem
 
 #: Source files bigger than this are not plausible Python modules; they are never read whole.
 MAX_SOURCE_BYTES = 32 << 20

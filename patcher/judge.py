@@ -1,6 +1,6 @@
 """Judging: every edit's verdict on a tree, and the files as the pending edits would leave them.
 
-Pure functions over a :class:`patcher.patch.Context`: nothing here writes.
+Pure functions over a :class:`patch_dsv4.patch.Context`: nothing here writes.
 """
 
 from __future__ import annotations
@@ -8,12 +8,12 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass, field
 
-from patcher.edits import ReplaceStatements
-from patcher.errors import TransformBug
-from patcher.fingerprint import find_scope
-from patcher.patch import Context, Edit, Patch
-from patcher.resolve import check_injected, local_names
-from patcher.verdicts import EditReport, Outcome, PatchReport, Verdict, combine
+from patch_dsv4.edits import ReplaceStatements
+from patch_dsv4.errors import TransformBug
+from patch_dsv4.fingerprint import find_scope
+from patch_dsv4.patch import Context, Edit, Patch
+from patch_dsv4.resolve import check_injected, local_names
+from patch_dsv4.verdicts import EditReport, Outcome, PatchReport, Verdict, combine
 
 
 @dataclass

@@ -12,10 +12,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, ClassVar, Iterator, Sequence
 
-from patcher.errors import EnvironmentProblem
-from patcher.fs import DanglingLink
-from patcher.source import Source, SourceError, decode_source
-from patcher.verdicts import Outcome, Verdict
+from patch_dsv4.errors import EnvironmentProblem
+from patch_dsv4.fs import DanglingLink
+from patch_dsv4.source import Source, SourceError, decode_source
+from patch_dsv4.verdicts import Outcome, Verdict
 
 
 @dataclass(frozen=True)

@@ -7,12 +7,12 @@ import inspect
 import pkgutil
 from functools import lru_cache
 
-from patcher.patch import Example, Patch
+from patch_dsv4.patch import Example, Patch
 
 
 @lru_cache(maxsize=1)
 def _modules() -> tuple:
-    import patches
+    import patch_dsv4.patches as patches
 
     found = []
     for info in sorted(pkgutil.iter_modules(patches.__path__), key=lambda i: i.name):
@@ -47,7 +47,7 @@ def discover_examples() -> list[tuple[Patch, Example]]:
 
 def declared_files(patches: list[Patch]) -> frozenset[str]:
     """Every file the patches edit: the only files a state may name."""
-    from patcher.patch import Context
+    from patch_dsv4.patch import Context
 
     empty = Context.from_texts({})
     return frozenset(edit.file for patch in patches for edit in patch.edits(empty))
@@ -62,11 +62,11 @@ def patch_digest() -> str:
     import hashlib
     from pathlib import Path
 
-    import patcher
-    import patches
+    import patch_dsv4
+    import patch_dsv4.patches as patches
 
-    digest = hashlib.sha256(patcher.__version__.encode())
-    for package in (patcher, patches):
+    digest = hashlib.sha256(patch_dsv4.__version__.encode())
+    for package in (patch_dsv4, patches):
         for path in sorted(Path(package.__file__).parent.glob("*.py")):
             digest.update(path.name.encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()

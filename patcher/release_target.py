@@ -1,11 +1,11 @@
 """A vLLM release to judge without installing or importing it: a wheel, or a source tree.
 
 ``drift`` and ``anchors record`` judge a release through the same
-:class:`patcher.patch.Context` as ``status``; only ``read_bytes`` differs. A
+:class:`patch_dsv4.patch.Context` as ``status``; only ``read_bytes`` differs. A
 wheel is read member by member from the zip (only the files the patches ask
 for are decompressed), a source tree file by file. The vLLM version and the
 FlashInfer release it pins come from the dist-info METADATA, parsed by
-:func:`patcher.environment.flashinfer_pin`, as for an installed vLLM.
+:func:`patch_dsv4.environment.flashinfer_pin`, as for an installed vLLM.
 
 Fetching a release by version goes through pip (its configured index, plus any
 options the user passes), into a cache of wheels.
@@ -30,10 +30,10 @@ from packaging.version import InvalidVersion, Version
 
 from packaging.utils import canonicalize_name
 
-from patcher.environment import find_distribution, flashinfer_pin, locate_vllm
-from patcher.errors import EnvironmentProblem
-from patcher.fs import PackageTree, UnsafePath
-from patcher.patch import Context
+from patch_dsv4.environment import find_distribution, flashinfer_pin, locate_vllm
+from patch_dsv4.errors import EnvironmentProblem
+from patch_dsv4.fs import PackageTree, UnsafePath
+from patch_dsv4.patch import Context
 
 VLLM = "vllm"
 # Where a vLLM source checkout pins FlashInfer (no dist-info to read there).

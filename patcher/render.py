@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
-from patcher.verdicts import Report
+from patch_dsv4.verdicts import Report
 
 FORMATS = ("table", "json", "markdown")
 

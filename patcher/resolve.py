@@ -15,7 +15,7 @@ import inspect
 import textwrap
 from typing import Iterable
 
-from patcher.patch import Context
+from patch_dsv4.patch import Context
 
 _BUILTINS = set(dir(builtins))
 

@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-from patcher.errors import EnvironmentProblem
-from patcher.fs import Dir, Owner, UnsafePath, checked_relpath, describe, is_temp_name
+from patch_dsv4.errors import EnvironmentProblem
+from patch_dsv4.fs import Dir, Owner, UnsafePath, checked_relpath, describe, is_temp_name
 
 SCHEMA_VERSION = 2
 READABLE_SCHEMAS = (1, 2)  # 1: written by patch-dsv4 before the patch digest was recorded

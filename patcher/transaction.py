@@ -23,10 +23,10 @@ import copy
 import stat
 from dataclasses import dataclass
 
-from patcher.environment import Environment
-from patcher.errors import EnvironmentProblem, Refused
-from patcher.fs import Dir, Owner, UnsafePath, checkpoint, sha256_bytes
-from patcher.state import Manifest, StateStore
+from patch_dsv4.environment import Environment
+from patch_dsv4.errors import EnvironmentProblem, Refused
+from patch_dsv4.fs import Dir, Owner, UnsafePath, checkpoint, sha256_bytes
+from patch_dsv4.state import Manifest, StateStore
 
 
 class WriteFailed(EnvironmentProblem):

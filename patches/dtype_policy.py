@@ -24,10 +24,10 @@ from __future__ import annotations
 import ast
 import textwrap
 
-from patcher.edits import ReplaceStatements, Scope
-from patcher.fingerprint import find_scope
-from patcher.patch import Context, Example, Patch, injected_names_prefix
-from patcher.verdicts import Outcome, Verdict
+from patch_dsv4.edits import ReplaceStatements, Scope
+from patch_dsv4.fingerprint import find_scope
+from patch_dsv4.patch import Context, Example, Patch, injected_names_prefix
+from patch_dsv4.verdicts import Outcome, Verdict
 
 FLASHINFER = "vllm/models/deepseek_v4/nvidia/flashinfer_sparse.py"
 FLASHMLA = "vllm/models/deepseek_v4/nvidia/flashmla.py"

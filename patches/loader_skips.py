@@ -24,10 +24,10 @@ from __future__ import annotations
 import ast
 import textwrap
 
-from patcher.edits import ReplaceStatements, Scope
-from patcher.fingerprint import find_scope, normalize_node, statements
-from patcher.patch import Context, Example, Patch
-from patcher.verdicts import Outcome, Verdict
+from patch_dsv4.edits import ReplaceStatements, Scope
+from patch_dsv4.fingerprint import find_scope, normalize_node, statements
+from patch_dsv4.patch import Context, Example, Patch
+from patch_dsv4.verdicts import Outcome, Verdict
 
 MODEL = "vllm/models/deepseek_v4/nvidia/model.py"
 DSPARK = "vllm/models/deepseek_v4/nvidia/dspark.py"

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import ast
 
-from patcher.edits import ReplaceStatements, Scope
-from patcher.fingerprint import find_scope
-from patcher.patch import Context, Example, Patch
-from patcher.verdicts import Outcome, Verdict
+from patch_dsv4.edits import ReplaceStatements, Scope
+from patch_dsv4.fingerprint import find_scope
+from patch_dsv4.patch import Context, Example, Patch
+from patch_dsv4.verdicts import Outcome, Verdict
 
 VL_MODEL = "vllm/models/deepseek_v4/common/vl_model.py"
 VISION_CLASS = "DeepseekV4ForConditionalGeneration"

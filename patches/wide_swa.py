@@ -32,9 +32,9 @@ import textwrap
 
 from packaging.version import InvalidVersion, Version
 
-from patcher.edits import ReplaceStatements, Scope
-from patcher.patch import Context, Example, Patch
-from patcher.verdicts import Outcome, Verdict
+from patch_dsv4.edits import ReplaceStatements, Scope
+from patch_dsv4.patch import Context, Example, Patch
+from patch_dsv4.verdicts import Outcome, Verdict
 
 FLASHINFER_SPARSE = "vllm/models/deepseek_v4/nvidia/flashinfer_sparse.py"
 SPARSE_SWA = "vllm/v1/attention/backends/mla/sparse_swa.py"

@@ -43,7 +43,7 @@ class CliResult:
 
 
 def run_cli(*args: str) -> CliResult:
-    from patcher.cli import main
+    from patch_dsv4.cli import main
 
     out, err = io.StringIO(), io.StringIO()
     with redirect_stdout(out), redirect_stderr(err):

@@ -206,7 +206,7 @@ def minimal_tree(version: str, dest: Path) -> Path:
     judgement of this release reads (anchors/ lists them), extracted from the
     wheel as regular files: a tree another user can read in full.
     """
-    from patcher import anchors_store
+    from patch_dsv4 import anchors_store
 
     read = set(anchors_store.load(version)["files"])
     dest.mkdir(parents=True, exist_ok=True)

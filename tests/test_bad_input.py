@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from patches.loader_skips import MODEL
-from patches.stream_load import VL_MODEL
+from patch_dsv4.patches.loader_skips import MODEL
+from patch_dsv4.patches.stream_load import VL_MODEL
 from tests.releases import content_snapshot, rewrite_record, stat_snapshot, wheel_file
 
 
@@ -116,7 +116,7 @@ def test_lock_timeout_must_be_a_finite_number(value, make_tree, cli):
 
 
 def test_internal_error_is_one_line_exit_2(make_tree, cli, monkeypatch):
-    from patcher import commands
+    from patch_dsv4 import commands
 
     def broken(*_args, **_kwargs):
         raise ZeroDivisionError("a bug")
@@ -213,7 +213,7 @@ def test_drift_source_reads_an_undecodable_file_as_present(make_tree, cli):
 
 # -- verify's fast path ---------------------------------------------------------------------
 def test_verify_fast_path_is_keyed_by_the_patch_definitions(make_tree, cli, monkeypatch):
-    from patcher import commands
+    from patch_dsv4 import commands
 
     tree = make_tree("0.30.0")
     assert cli("apply", "--site-packages", tree).code == 0

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from patches.stream_load import VL_MODEL
-from patches.wide_swa import FLASHINFER_SPARSE
+from patch_dsv4.patches.stream_load import VL_MODEL
+from patch_dsv4.patches.wide_swa import FLASHINFER_SPARSE
 from tests.conftest import ROOT
 from tests.releases import content_snapshot, stat_snapshot, wheel_file
 
@@ -138,7 +138,7 @@ def test_fifo_in_the_state_never_hangs(applied, cli):
     _forge(tree, lambda d: d["inputs"].update({"vllm/models/deepseek_v4/fifo.py": "0" * 64}))
     for command in ("status", "verify"):
         result = subprocess.run(
-            [sys.executable, "-m", "patcher", command, "--site-packages", str(tree)],
+            [sys.executable, "-m", "patch_dsv4", command, "--site-packages", str(tree)],
             cwd=ROOT, capture_output=True, text=True, timeout=120,
         )
         assert "Traceback" not in result.stderr
@@ -323,7 +323,7 @@ def test_root_apply_keeps_owner_group_and_mode_and_the_owner_can_revert(cli):
                 assert (st.st_uid, st.st_gid) == (OTHER_UID, OTHER_UID), Path(root) / name
         revert = subprocess.run(
             ["setpriv", f"--reuid={OTHER_UID}", f"--regid={OTHER_UID}", "--clear-groups",
-             sys.executable, "-m", "patcher", "revert", "--site-packages", str(tree)],
+             sys.executable, "-m", "patch_dsv4", "revert", "--site-packages", str(tree)],
             cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
         )
         assert revert.returncode == 0, revert.stderr

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from patches.stream_load import VL_MODEL
+from patch_dsv4.patches.stream_load import VL_MODEL
 from tests.conftest import RELEASE_PARAMS
 from tests.releases import DSV4, cache_dir, pristine_tree, wheel
 

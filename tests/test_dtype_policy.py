@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from patches.dtype_policy import ATTENTION_CLASSES, FLASHINFER, FLASHMLA, O_PROJ
+from patch_dsv4.patches.dtype_policy import ATTENTION_CLASSES, FLASHINFER, FLASHMLA, O_PROJ
 from tests.conftest import RELEASE_PARAMS
 from tests.injected import load_function
 from tests.roundtrip import roundtrip_one_patch

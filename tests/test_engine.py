@@ -6,11 +6,11 @@ import json
 
 import pytest
 
-from patcher import commands
-from patcher.edits import ReplaceStatements, Scope
-from patcher.patch import Edit, Patch
-from patcher.verdicts import Outcome, Verdict
-from patches.stream_load import VL_MODEL
+from patch_dsv4 import commands
+from patch_dsv4.edits import ReplaceStatements, Scope
+from patch_dsv4.patch import Edit, Patch
+from patch_dsv4.verdicts import Outcome, Verdict
+from patch_dsv4.patches.stream_load import VL_MODEL
 from tests.releases import hand_edit, stat_snapshot
 
 
@@ -236,9 +236,9 @@ def test_assignment_helpers_are_inserted_and_recognised(make_tree, cli, monkeypa
 @pytest.mark.parametrize("version,problem", [("0.28.0", False), ("0.29.0", True)])
 def test_injected_constructor_call_binds_to_the_release(version, problem, make_tree):
     """0.29.0 dropped AutoWeightsLoader's skip_substrs: injected code using it must not fit there."""
-    from patcher.commands import context_for
-    from patcher.environment import locate_vllm
-    from patcher.resolve import check_injected
+    from patch_dsv4.commands import context_for
+    from patch_dsv4.environment import locate_vllm
+    from patch_dsv4.resolve import check_injected
 
     env = locate_vllm(make_tree(version))
     code = "loader = AutoWeightsLoader(self, skip_substrs=['mtp.'])"

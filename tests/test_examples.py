@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from patcher.patch import Context
-from patcher.registry import discover_examples
-from patcher.verdicts import Verdict
+from patch_dsv4.patch import Context
+from patch_dsv4.registry import discover_examples
+from patch_dsv4.verdicts import Verdict
 
 CASES = [pytest.param(patch, ex, id=f"{patch.id}:{ex.name}") for patch, ex in discover_examples()]
 

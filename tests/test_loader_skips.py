@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from patches.loader_skips import DSPARK, MODEL, TEXT_CLASS, VL_MODEL
+from patch_dsv4.patches.loader_skips import DSPARK, MODEL, TEXT_CLASS, VL_MODEL
 from tests.conftest import RELEASE_PARAMS
 from tests.injected import load_function
 from tests.roundtrip import roundtrip_one_patch

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from patches.stream_load import VL_MODEL
+from patch_dsv4.patches.stream_load import VL_MODEL
 from tests.conftest import ROOT
 from tests.releases import DSV4, content_snapshot, wheel, wheel_file
 
@@ -24,8 +24,8 @@ def _rank(args, start, judged, index, devnull):
     os.dup2(devnull, 1)
     os.dup2(devnull, 2)
     sys.stdout = sys.stderr = open(os.devnull, "w")
-    import patcher.fs
-    from patcher.cli import main
+    import patch_dsv4.fs
+    from patch_dsv4.cli import main
 
     def overlap(step: str) -> None:
         # Make the ranks overlap for certain: each waits until all have judged
@@ -40,7 +40,7 @@ def _rank(args, start, judged, index, devnull):
                 pass
             time.sleep(index * 0.1)
 
-    patcher.fs.set_fault_hook(overlap)
+    patch_dsv4.fs.set_fault_hook(overlap)
     start.wait()
     os._exit(main(args))
 
@@ -191,7 +191,7 @@ def test_python_option_bad_interpreter(tmp_path, cli):
 # -- crash safety: SIGKILL at every write step -------------------------------------
 KILL_AT_STEP = """
 import os, signal, sys
-import patcher.fs as fs
+import patch_dsv4.fs as fs
 target, count = int(sys.argv[1]), 0
 def hook(name):
     global count
@@ -199,7 +199,7 @@ def hook(name):
     if count == target:
         os.kill(os.getpid(), signal.SIGKILL)
 fs.set_fault_hook(hook)
-from patcher.cli import main
+from patch_dsv4.cli import main
 main(sys.argv[2:])
 """
 
@@ -277,7 +277,7 @@ def test_default_target_is_the_running_interpreters_environment(make_tree):
     """Without --site-packages or --python, vLLM is found on this interpreter's sys.path (never imported)."""
     tree = make_tree("0.31.0")
     env = {**os.environ, "PYTHONPATH": f"{tree}{os.pathsep}{ROOT}"}
-    run = [sys.executable, "-m", "patcher"]
+    run = [sys.executable, "-m", "patch_dsv4"]
     status = subprocess.run([*run, "status", "--json"], env=env, capture_output=True, text=True)
     assert status.returncode == 0, status.stderr
     data = json.loads(status.stdout)

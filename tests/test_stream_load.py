@@ -8,7 +8,7 @@ import weakref
 
 import pytest
 
-from patches.stream_load import VL_MODEL
+from patch_dsv4.patches.stream_load import VL_MODEL
 from tests.conftest import RELEASE_PARAMS
 from tests.injected import load_function
 from tests.releases import hand_edit, rewrite_record, stat_snapshot

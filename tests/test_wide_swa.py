@@ -12,8 +12,8 @@ import zipfile
 
 import pytest
 
-from patches import wide_swa
-from patches.wide_swa import FLASHINFER_SPARSE, SM120_CLASS
+from patch_dsv4.patches import wide_swa
+from patch_dsv4.patches.wide_swa import FLASHINFER_SPARSE, SM120_CLASS
 from tests.conftest import RELEASE_PARAMS
 from tests.releases import PINNED_FLASHINFER, hand_edit, rewrite_record, stat_snapshot, wheel
 
@@ -96,7 +96,7 @@ def test_flashinfer_upgraded_after_patching_keeps_our_edit_applied(make_tree, cl
 
 def test_probe_reads_the_kernel_source_of_each_release():
     """The 128-only guard is in every 0.6.x dual-cache dispatcher and in no 0.7.x one."""
-    from patcher.patch import Context
+    from patch_dsv4.patch import Context
 
     for version in SLICED_FLASHINFER + WIDE_FLASHINFER:
         with zipfile.ZipFile(wheel("flashinfer-python", version)) as zf:

@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from patches.wide_swa import FLASHINFER_SPARSE
+from patch_dsv4.patches.wide_swa import FLASHINFER_SPARSE
 
 torch = pytest.importorskip("torch")
 import tests.sparse_mla_reference as reference  # noqa: E402  (needs torch)

@@ -1,6 +1,6 @@
 """All or none, also when a write fails: a failure injected at every write step, and real obstacles.
 
-The fault seam (:func:`patcher.fs.inject_faults`) raises an OSError at the n-th
+The fault seam (:func:`patch_dsv4.fs.inject_faults`) raises an OSError at the n-th
 write step of one apply or revert, for every n until the command runs through.
 Each run must end with exit 2, one line on stderr and the tree exactly as it
 began (files, state, no temp file, no lock) -- or, when the failure hits the
@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from patcher.fs import inject_faults
-from patches.stream_load import VL_MODEL
-from patches.wide_swa import FLASHINFER_SPARSE
+from patch_dsv4.fs import inject_faults
+from patch_dsv4.patches.stream_load import VL_MODEL
+from patch_dsv4.patches.wide_swa import FLASHINFER_SPARSE
 from tests.conftest import ROOT, run_cli
 from tests.releases import DSV4, content_snapshot
 
@@ -244,7 +244,7 @@ def test_root_owned_package_for_a_user_is_refused_before_anything_changes():
         original = content_snapshot(tree)
         result = subprocess.run(
             ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
-             sys.executable, "-m", "patcher", "apply", "--site-packages", str(tree)],
+             sys.executable, "-m", "patch_dsv4", "apply", "--site-packages", str(tree)],
             cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
         )
         assert result.returncode == 2, result.stderr

@@ -29,9 +29,9 @@ from math import prod
 from pathlib import Path
 from typing import Callable
 
-from patcher.doctor import pack as pack_checks
-from patcher.doctor.base import CHECKS, FAIL, DoctorContext, Row, Runtime, run_checks
-from patcher.doctor.safetensors import DTYPE_SIZES
+from patch_dsv4.doctor import pack as pack_checks
+from patch_dsv4.doctor.base import CHECKS, FAIL, DoctorContext, Row, Runtime, run_checks
+from patch_dsv4.doctor.safetensors import DTYPE_SIZES
 
 MCG = -877912083
 MUL1 = -2082680531

@@ -8,8 +8,8 @@ import stat
 
 import pytest
 
-from patcher.doctor.base import FAIL, PASS
-from patcher.doctor.fix_config import fix_config
+from patch_dsv4.doctor.base import FAIL, PASS
+from patch_dsv4.doctor.fix_config import fix_config
 from tests.doctor.synthetic import (
     DSPARK,
     SMALL,

@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-import patcher.doctor.host  # noqa: F401  (registers the host.* checks)
-from patcher.doctor import serving_env
+import patch_dsv4.doctor.host  # noqa: F401  (registers the host.* checks)
+from patch_dsv4.doctor import serving_env
 from tests.doctor.fake_runtime import (
     DEPLOYMENTS,
     check_row,

@@ -11,9 +11,9 @@ from typing import Callable
 
 import pytest
 
-from patcher.doctor.base import FAIL, PASS, SKIP, WARN, DoctorContext
-from patcher.doctor.pack import pack_facts
-from patcher.doctor.safetensors import Shard, ShardError
+from patch_dsv4.doctor.base import FAIL, PASS, SKIP, WARN, DoctorContext
+from patch_dsv4.doctor.pack import pack_facts
+from patch_dsv4.doctor.safetensors import Shard, ShardError
 from tests.doctor.synthetic import (
     DSPARK,
     FULL,

@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-import patcher.doctor.runtime  # noqa: F401  (registers the rt.* checks)
+import patch_dsv4.doctor.runtime  # noqa: F401  (registers the rt.* checks)
 from tests.doctor.fake_runtime import (
     DEPLOYMENTS,
     EM_X86_64,
