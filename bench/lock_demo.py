@@ -36,7 +36,7 @@ def main() -> None:
         work = Path(tempfile.mkdtemp())
         tree = copy_tree(pristine_tree(args.version), work / "site-packages")
         original = content_snapshot(tree)
-        codes = _run_ranks(tree)
+        codes, _fired = _run_ranks(tree)
         verify = run_cli("verify", "--site-packages", tree).code
         revert = run_cli("revert", "--site-packages", tree).code
         exact = content_snapshot(tree) == original

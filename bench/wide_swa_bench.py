@@ -1,8 +1,8 @@
 """Cost and accuracy of the wide-swa sliced SM120 prefill, on a torch reference kernel.
 
 The sliced path (128-wide window slices, the compressed segment and the sink in
-slice 0, a base-2 LSE merge) is the code the `wide-swa` patch injects, taken
-from ``patches/wide_swa.py`` as text; FlashInfer is replaced by the torch
+slice 0, a base-2 LSE merge) is the code the `wide-swa` patch injects, compiled
+from the functions of ``patches/wide_swa.py``; FlashInfer is replaced by the torch
 reference kernel of ``tests/sparse_mla_reference.py`` (same entry point, same
 LSE and empty-row conventions), so this runs anywhere torch does. Reported per
 token count:
@@ -42,17 +42,12 @@ PATCH_MODULE = ROOT / "patches" / "wide_swa.py"
 
 
 def sliced_path():
-    """The injected helpers, from the patch module's source (not imported: no patcher needed)."""
-    tree = ast.parse(PATCH_MODULE.read_text())
-    namespace: dict = {"torch": torch}
-    for node in tree.body:
-        if (
-            isinstance(node, ast.Assign)
-            and len(node.targets) == 1
-            and isinstance(node.targets[0], ast.Name)
-            and node.targets[0].id.startswith("HELPER_")
-        ):
-            exec(compile(ast.literal_eval(node.value), str(PATCH_MODULE), "exec"), namespace)
+    """The injected helpers, compiled from the patch module's source (not imported: no patch-dsv4 install needed)."""
+    source = PATCH_MODULE.read_text()
+    namespace: dict = {}
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.FunctionDef) and node.name.startswith("_patch_dsv4_wide_swa_"):
+            exec(compile(ast.Module(body=[node], type_ignores=[]), str(PATCH_MODULE), "exec"), namespace)
     # FlashInfer's private SM120 entry point is played by the reference kernel.
     namespace["_patch_dsv4_wide_swa_flashinfer_api"] = lambda: (
         reference.sparse_mla_sm120,

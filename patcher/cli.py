@@ -55,6 +55,11 @@ def _finish(report, fmt: str) -> None:
     from patch_dsv4.render import render
 
     render(report, fmt)
+    if report.exit_code and report.next_step:
+        for patch in report.patches:
+            if patch.verdict.needs_action:
+                sys.stderr.write(f"patch-dsv4: {patch.id} is {patch.verdict.value}: {', '.join(patch.files)}\n")
+        sys.stderr.write(f"patch-dsv4: run: {report.next_step}\n")
     raise typer.Exit(report.exit_code)
 
 

@@ -287,14 +287,25 @@ def verify(env: Environment) -> Report:
     view = read_state(env, store)
     reports = fast_verdicts(env, view)
     if reports is None:
-        return _verify_report(status(env, command="verify"))
-    bad = [r for r in reports if r.verdict.needs_action]
-    return _report(env, "verify", reports, view, EXIT_NEEDS_ACTION if bad else EXIT_OK, "hashes match the recorded state")
+        return _verify_report(env, status(env, command="verify"))
+    return _verify_report(env, _report(env, "verify", reports, view, EXIT_OK, "hashes match the recorded state"))
 
 
-def _verify_report(report: Report) -> Report:
+def _verify_report(env: Environment, report: Report) -> Report:
     bad = [r for r in report.patches if r.verdict.needs_action]
-    return replace(report, exit_code=EXIT_NEEDS_ACTION if bad else EXIT_OK)
+    return replace(report, exit_code=EXIT_NEEDS_ACTION if bad else EXIT_OK, next_step=next_step(env, bad))
+
+
+def next_step(env: Environment, bad: list[PatchReport]) -> str | None:
+    """The one command that resolves the patches ``bad`` lists, for the same target."""
+    verdicts = {r.verdict for r in bad}
+    if not verdicts:
+        return None
+    if Verdict.MODIFIED in verdicts:
+        return f"patch-dsv4 revert --discard-local-edits{env.target.args()}"
+    if Verdict.DRIFTED in verdicts:
+        return f"patch-dsv4 status{env.target.args()} -v (a patch no longer matches this vLLM: do not serve it)"
+    return f"patch-dsv4 apply{env.target.args()}"
 
 
 def unified_diff(relpath: str, old: str, new: str) -> str:

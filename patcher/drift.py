@@ -17,7 +17,7 @@ anchors/ for the known releases:
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from patch_dsv4 import anchors_store
 from patch_dsv4.anchors_store import BuildMatch
@@ -63,7 +63,6 @@ class DriftReport:
     choices: tuple[str, ...]  # how the versions were chosen
     files_read: tuple[str, ...]
     strict: bool
-    changed_since_recording: tuple[str, ...] = field(default_factory=tuple)
     flashinfer_given: bool = False  # --flashinfer-version replaced the release's own
 
     @property
@@ -112,11 +111,8 @@ def _fingerprints(judged: _Judged, patch_id: str) -> list[tuple[object, object, 
     """(edit, outcome, fingerprint of its enclosing function in the release) for each scoped edit."""
     out = []
     for edit, outcome in judged.pairs[patch_id]:
-        scope = getattr(edit, "scope", None)
-        if scope is None:
-            continue
         text = judged.originals.get(edit.file)
-        fp = None if text is None else scope_fingerprint(text, scope.cls, scope.func)
+        fp = None if text is None else scope_fingerprint(text, edit.scope.cls, edit.scope.func)
         out.append((edit, outcome, fp))
     return out
 
@@ -151,13 +147,11 @@ def drift(target: ReleaseTarget, strict: bool = False, anchors_dir=None) -> Drif
 
     notes = list(target.notes)
     notes.append(build.detail)
-    changed = []
     record = records.get(target.vllm_version)
     if build.known and record is not None:
         for report in judged.reports:
             was = record["patches"].get(report.id, {}).get("verdict")
             if was != report.verdict.value:
-                changed.append(report.id)
                 notes.append(
                     f"{report.id}: {report.verdict.value} now, {was or 'no record'} when anchors/ was recorded "
                     f"for this release (re-record: {anchors_store.RECORD_COMMAND})"
@@ -204,7 +198,6 @@ def drift(target: ReleaseTarget, strict: bool = False, anchors_dir=None) -> Drif
         choices=tuple(target.notes),
         files_read=files_read,
         strict=strict,
-        changed_since_recording=tuple(changed),
         flashinfer_given=target.flashinfer_given,
     )
 
@@ -225,7 +218,7 @@ def record(target: ReleaseTarget, wheel_name: str | None = None) -> dict:
         patches[report.id] = {
             "verdict": report.verdict.value,
             "anchors": [
-                {"label": edit.label, "file": edit.file, "scope": str(edit.scope), "verdict": outcome.verdict.value, "fingerprint": fp}
+                {"file": edit.file, "scope": str(edit.scope), "verdict": outcome.verdict.value, "fingerprint": fp}
                 for edit, outcome, fp in _fingerprints(judged, report.id)
             ],
         }

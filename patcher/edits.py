@@ -1,33 +1,57 @@
-"""ReplaceStatements: the edit every patch so far is made of.
+"""ReplaceStatements: the edit every patch is made of.
 
 Matching is done on ``ast`` fingerprints (formatting-blind, exact in
 structure), scoped to one class and function of one file; only a pending edit
 pays for libcst, which rewrites the matched statements and keeps every other
-byte of the file as it was.
+byte of the file as it was. Releases whose code differs get one
+(anchor, replacement) :class:`Variant` each; the engine takes the one that
+matches. Helpers are real functions of the patch module: their source, taken
+from that module, is inserted at module level of the target file.
 """
 
 from __future__ import annotations
 
 import ast
 import difflib
+import functools
+import inspect
 import textwrap
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
 
 from patch_dsv4.fingerprint import find_scope, normalize_node, statements
-from patch_dsv4.patch import Context, Edit, injected_names_prefix
+from patch_dsv4.patch import INJECTED_PREFIX, Context, Edit, Scope
 from patch_dsv4.verdicts import Outcome, Verdict
 
-Probe = Callable[[Context, "str | None"], "Outcome | None"]
+#: probe(ctx, tree) -> an UPSTREAM / NOT_APPLICABLE (or DRIFTED) answer, or None to let the anchors decide.
+#: ``tree`` is the edit's file as it is now (None when the file is absent).
+Probe = Callable[[Context, "ast.Module | None"], "Outcome | None"]
+
+
+def indent(code: str, spaces: int) -> str:
+    """``code`` (dedented, stripped of blank edge lines) indented by ``spaces``, ending with a newline."""
+    lines = textwrap.dedent(code).strip("\n").splitlines()
+    return "".join((" " * spaces + line if line.strip() else "") + "\n" for line in lines)
 
 
 @dataclass(frozen=True)
-class Scope:
-    cls: str | None
-    func: str | None
+class Variant:
+    """One release's form of an edit: the statements it replaces, and what replaces them."""
 
-    def __str__(self) -> str:
-        return ".".join(p for p in (self.cls, self.func) if p) or "<module>"
+    anchor: str
+    replacement: str
+    releases: str = ""  # which releases ship this anchor, for people reading the patch
+
+
+@functools.lru_cache(maxsize=None)
+def helper_source(function: Callable) -> str:
+    """The source of a module-level helper function, exactly as its module has it (decorators excluded)."""
+    module_source = inspect.getsource(inspect.getmodule(function))
+    for node in ast.parse(module_source).body:
+        if isinstance(node, ast.FunctionDef) and node.name == function.__name__:
+            lines = module_source.splitlines(keepends=True)
+            return "".join(lines[node.lineno - 1 : node.end_lineno])
+    raise ValueError(f"{function.__name__} is not a module-level function of {function.__module__}")
 
 
 def _blocks(node: ast.AST) -> Iterator[list[ast.stmt]]:
@@ -39,10 +63,13 @@ def _blocks(node: ast.AST) -> Iterator[list[ast.stmt]]:
                 yield block
 
 
-def _find_sequences(scope: ast.AST, wanted: list[str]) -> list[tuple[list[ast.stmt], int]]:
+def find_sequences(scope: ast.AST, wanted: list[str]) -> list[tuple[list[ast.stmt], int]]:
+    """Where the statements ``wanted`` (canonical forms) stand consecutively in one block of ``scope``."""
     hits = []
     n = len(wanted)
     for block in _blocks(scope):
+        if len(block) < n:
+            continue
         dumps = [normalize_node(s) for s in block]
         for i in range(len(block) - n + 1):
             if dumps[i : i + n] == wanted:
@@ -53,99 +80,102 @@ def _find_sequences(scope: ast.AST, wanted: list[str]) -> list[tuple[list[ast.st
 def _defined_name(node: ast.stmt) -> str | None:
     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
         return node.name
-    if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-        return node.targets[0].id
     return None
 
 
-def _mentions_marker(node: ast.AST) -> bool:
-    prefix = injected_names_prefix()
+def mentions_injected(node: ast.AST) -> bool:
+    """Whether ``node`` names anything with the injected prefix (a name, a def, an attribute)."""
     for sub in ast.walk(node):
         name = getattr(sub, "id", None) or getattr(sub, "name", None) or getattr(sub, "attr", None)
-        if isinstance(name, str) and name.startswith(prefix):
+        if isinstance(name, str) and name.startswith(INJECTED_PREFIX):
             return True
     return False
 
 
 @dataclass(frozen=True)
 class ReplaceStatements(Edit):
-    """Replace the consecutive statements ``anchor`` inside ``scope`` by ``replacement``.
+    """Replace the consecutive statements of a variant's ``anchor`` inside ``scope`` by its ``replacement``.
 
-    ``helpers`` are module-level definitions (named ``_patch_dsv4_*``) inserted
-    just before the scope's class (or function). ``probe`` runs first and may
-    answer UPSTREAM or NOT_APPLICABLE with evidence; when it answers None, the
-    anchors decide between APPLIED, PENDING and DRIFTED.
+    ``helpers`` are module-level functions of the patch module (named
+    ``_patch_dsv4_*``), inserted just before the scope's class (or function).
+    ``probe`` runs first and may answer UPSTREAM or NOT_APPLICABLE with
+    evidence; when it answers None, the anchors decide between APPLIED,
+    PENDING and DRIFTED. With several variants, the one whose replacement is in
+    place, else the one whose anchor matches, is the release's; none matching
+    is drift reported against the first.
     """
 
     label: str
     file: str
     scope: Scope
-    anchor: str
-    replacement: str
-    helpers: tuple[str, ...] = ()
+    variants: tuple[Variant, ...]
+    helpers: tuple[Callable, ...] = ()
     probe: Probe | None = field(default=None, compare=False)
 
-    def injected_code(self) -> Sequence[str]:
-        return (self.replacement, *self.helpers)
+    def helper_sources(self) -> tuple[str, ...]:
+        return tuple(helper_source(h) for h in self.helpers)
+
+    def injected_code(self, outcome: Outcome) -> Sequence[str]:
+        return (self.variants[outcome.variant or 0].replacement, *self.helper_sources())
 
     # -- judging ---------------------------------------------------------------
     def evaluate(self, ctx: Context, text: str | None) -> Outcome:
+        tree = None
+        if text is not None:
+            try:
+                tree = ctx.parse(text)
+            except SyntaxError as exc:
+                return Outcome.drifted(f"{self.file} does not parse: {exc.msg} (line {exc.lineno})")
         if self.probe is not None:
-            answer = self.probe(ctx, text)
+            answer = self.probe(ctx, tree)
             if answer is not None:
                 return answer
-        if text is None:
+        if tree is None:
             return Outcome.not_applicable(f"{self.file} is not part of this release")
-        try:
-            tree = ctx.parse(text)
-        except SyntaxError as exc:
-            return Outcome.drifted(f"{self.file} does not parse: {exc.msg} (line {exc.lineno})")
         scope = find_scope(tree, self.scope.cls, self.scope.func)
+        where = f"{self.file}:{self.scope}"
         if scope is None:
-            return Outcome.drifted(
-                f"{self.scope} not found in {self.file}", expected=f"def {self.scope}", found="(absent)"
-            )
-        ours = _find_sequences(scope, statements(self.replacement))
+            return Outcome.drifted(f"{self.scope} not found in {self.file}", expected=f"def {self.scope}", found="(absent)")
         helpers_ok, helper_problem = self._helpers_state(tree)
-        if len(ours) == 1 and helpers_ok:
-            return Outcome(Verdict.APPLIED, f"{self.label}: in place in {self.file}:{self.scope}")
-        if ours or helper_problem or _mentions_marker(scope):
+        for index, variant in enumerate(self.variants):
+            ours = find_sequences(scope, statements(variant.replacement))
+            if len(ours) == 1 and helpers_ok:
+                return Outcome(Verdict.APPLIED, f"{self.label}: in place in {where}", variant=index)
+            if ours:
+                break
+        else:
+            ours = []
+        if ours or helper_problem or mentions_injected(scope):
             return Outcome.drifted(
-                f"{self.label}: our edit in {self.file}:{self.scope} is present but not as we write it"
+                f"{self.label}: our edit in {where} is present but not as we write it"
                 + (f" ({helper_problem})" if helper_problem else ""),
-                expected=textwrap.dedent(self.replacement).strip(),
+                expected=textwrap.dedent(self.variants[0].replacement).strip(),
             )
-        anchors = _find_sequences(scope, statements(self.anchor))
-        if len(anchors) == 1:
-            return Outcome(
-                Verdict.PENDING,
-                f"{self.label}: anchor matches in {self.file}:{self.scope}",
-                new_text=self._rewrite(text),
-            )
-        expected = textwrap.dedent(self.anchor).strip()
-        if len(anchors) > 1:
-            return Outcome.drifted(
-                f"{self.label}: anchor matches {len(anchors)} times in {self.file}:{self.scope}, expected once",
-                expected=expected,
-            )
+        for index, variant in enumerate(self.variants):
+            anchors = find_sequences(scope, statements(variant.anchor))
+            if len(anchors) == 1:
+                return Outcome(Verdict.PENDING, f"{self.label}: anchor matches in {where}", variant=index)
+            if len(anchors) > 1:
+                return Outcome.drifted(
+                    f"{self.label}: anchor matches {len(anchors)} times in {where}, expected once",
+                    expected=textwrap.dedent(variant.anchor).strip(),
+                )
+        expected = textwrap.dedent(self.variants[0].anchor).strip()
         return Outcome.drifted(
-            f"{self.label}: anchor not found in {self.file}:{self.scope}",
-            expected=expected,
-            found=self._closest(scope, expected),
+            f"{self.label}: anchor not found in {where}", expected=expected, found=self._closest(scope, expected)
         )
 
     def _helpers_state(self, tree: ast.Module) -> tuple[bool, str | None]:
         """(all helpers in place, description of a helper present but changed)."""
         top = {_defined_name(n): n for n in tree.body}
         all_ok = True
-        for helper in self.helpers:
-            (node,) = ast.parse(textwrap.dedent(helper)).body
-            name = _defined_name(node)
-            present = top.get(name)
+        for source in self.helper_sources():
+            (node,) = _parse_snippet(source).body
+            present = top.get(node.name)
             if present is None:
                 all_ok = False
             elif normalize_node(present) != normalize_node(node):
-                return False, f"{name} differs from what we write"
+                return False, f"{node.name} differs from what we write"
         return all_ok, None
 
     @staticmethod
@@ -163,35 +193,47 @@ class ReplaceStatements(Edit):
         return best
 
     # -- rewriting (libcst only from here) -------------------------------------
-    def _rewrite(self, text: str) -> str:
+    def rewrite(self, module, outcome: Outcome):
         import libcst as cst
 
-        module = cst.parse_module(text)
+        variant = self.variants[outcome.variant or 0]
         newline = module.default_newline
-
-        def own_newlines(code: str) -> str:
-            # multi-line strings keep their newlines verbatim: write them the file's way
-            return textwrap.dedent(code).replace("\n", newline)
-
-        anchor = statements(self.anchor)
-        parsed = cst.parse_module(own_newlines(self.replacement))
+        anchor = statements(variant.anchor)
+        parsed = _parse_cst(variant.replacement, newline)
         replacement = list(parsed.body)
+        replacement_forms = statements(variant.replacement)
         # libcst files comment lines above the first statement under the module header.
         comments = [line for line in parsed.header if line.comment is not None]
+        first_kind = type(ast.parse(textwrap.dedent(variant.anchor)).body[0]).__name__
+
+        def matches(statements_: list) -> bool:
+            return [statements(module.code_for_node(s))[0] for s in statements_] == anchor
+
+        def replace(matched: list) -> list:
+            """The replacement, keeping vLLM's own statements (formatting, comments) where it repeats them."""
+            new, j = [], 0
+            kept = len(replacement) == len(replacement_forms)
+            for node, form in zip(replacement, replacement_forms if kept else [None] * len(replacement)):
+                if j < len(matched) and form == anchor[j]:
+                    new.append(matched[j])
+                    j += 1
+                else:
+                    new.append(node)
+            if new[0] is matched[0]:
+                new[0] = new[0].with_changes(leading_lines=[*new[0].leading_lines, *comments])
+            else:
+                new[0] = new[0].with_changes(leading_lines=[*matched[0].leading_lines, *comments, *new[0].leading_lines])
+            return new
 
         class Replace(cst.CSTTransformer):
             done = 0
 
             def leave_IndentedBlock(self, original, updated):  # noqa: N802 (libcst API)
                 body = list(updated.body)
-                dumps = [statements(module.code_for_node(s)) for s in body]
                 n = len(anchor)
                 for i in range(len(body) - n + 1):
-                    if [d[0] if len(d) == 1 else None for d in dumps[i : i + n]] == anchor:
-                        first = replacement[0].with_changes(
-                            leading_lines=[*body[i].leading_lines, *comments, *replacement[0].leading_lines]
-                        )
-                        body[i : i + n] = [first, *replacement[1:]]
+                    if _cst_kind(body[i]) == first_kind and matches(body[i : i + n]):
+                        body[i : i + n] = replace(body[i : i + n])
                         Replace.done += 1
                         return updated.with_changes(body=body)
                 return updated
@@ -208,29 +250,54 @@ class ReplaceStatements(Edit):
             body[index] = body[index].visit(Replace())
         if Replace.done != 1:
             raise AssertionError(f"libcst found the anchor {Replace.done} times in {self.scope}, ast once")
-        if self.helpers:
-            present = {_cst_name(s) for s in body}
-            new_helpers = []
-            for helper in self.helpers:
-                (stmt,) = cst.parse_module(own_newlines(helper)).body
-                if _cst_name(stmt) in present:
-                    continue
-                blank = cst.EmptyLine(indent=False, whitespace=cst.SimpleWhitespace(""), comment=None)
-                new_helpers.append(stmt.with_changes(leading_lines=[blank, blank, *stmt.leading_lines]))
-            body[index:index] = new_helpers
-        return module.with_changes(body=body).code
+        present = {_cst_name(s) for s in body}
+        blank = cst.EmptyLine(indent=False, whitespace=cst.SimpleWhitespace(""), comment=None)
+        new_helpers = []
+        for source in self.helper_sources():
+            (stmt,) = _parse_cst(source, newline).body
+            if _cst_name(stmt) in present:
+                continue
+            new_helpers.append(stmt.with_changes(leading_lines=[blank, blank, *stmt.leading_lines]))
+        if new_helpers and index == 0:
+            # at the top of the file: no blank lines above the first helper, two between it and the scope
+            new_helpers[0] = new_helpers[0].with_changes(leading_lines=new_helpers[0].leading_lines[2:])
+            body[0] = body[0].with_changes(leading_lines=[blank, blank, *body[0].leading_lines])
+        body[index:index] = new_helpers
+        return module.with_changes(body=body)
+
+
+@functools.lru_cache(maxsize=256)
+def _parse_snippet(source: str) -> ast.Module:
+    return ast.parse(textwrap.dedent(source))
+
+
+@functools.lru_cache(maxsize=256)
+def _parse_cst(source: str, newline: str):
+    """A snippet as libcst parses it, written with the target file's newlines.
+
+    Multi-line strings keep their newlines verbatim, so the snippet takes the
+    file's convention before it is parsed.
+    """
+    import libcst as cst
+
+    return cst.parse_module(textwrap.dedent(source).replace("\n", newline))
+
+
+def _cst_kind(stmt) -> str:
+    """The ast class name a libcst statement corresponds to (small statements: the first one's)."""
+    import libcst as cst
+
+    if isinstance(stmt, cst.SimpleStatementLine) and stmt.body:
+        return type(stmt.body[0]).__name__
+    return type(stmt).__name__
 
 
 def _cst_name(stmt) -> str | None:
-    """The name a module-level def, class or single-target assignment defines."""
+    """The name a module-level def or class defines."""
     import libcst as cst
 
     if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
         return stmt.name.value
-    if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1:
-        small = stmt.body[0]
-        if isinstance(small, cst.Assign) and len(small.targets) == 1 and isinstance(small.targets[0].target, cst.Name):
-            return small.targets[0].target.value
     return None
 
 

@@ -14,12 +14,6 @@ import hashlib
 import textwrap
 
 
-def normalize(code: str) -> str:
-    """The canonical form of ``code``: the dump of its AST without positions."""
-    tree = ast.parse(textwrap.dedent(code))
-    return ast.dump(tree, annotate_fields=True, include_attributes=False)
-
-
 def normalize_node(node: ast.AST) -> str:
     """The canonical form of ``node``, computed once per node (trees are parsed once and never changed)."""
     cached = node.__dict__.get("_patch_dsv4_normalized")
@@ -42,10 +36,6 @@ def statements(code: str) -> list[str]:
 
 def digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def fingerprint(code: str) -> str:
-    return digest(normalize(code))
 
 
 def find_scope(tree: ast.Module, cls: str | None, func: str | None) -> ast.AST | None:

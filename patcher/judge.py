@@ -5,10 +5,8 @@ Pure functions over a :class:`patch_dsv4.patch.Context`: nothing here writes.
 
 from __future__ import annotations
 
-import ast
 from dataclasses import dataclass, field
 
-from patch_dsv4.edits import ReplaceStatements
 from patch_dsv4.errors import TransformBug
 from patch_dsv4.fingerprint import find_scope
 from patch_dsv4.patch import Context, Edit, Patch
@@ -29,64 +27,75 @@ class Judgement:
         return tuple(dict.fromkeys(edit.file for edit, _ in self.outcomes[patch_id]))
 
 
-def _check_names(ctx: Context, edit: Edit, text: str) -> list[str]:
-    scope_names: set[str] = set()
-    if isinstance(edit, ReplaceStatements):
-        scope = find_scope(ctx.parse(text), edit.scope.cls, edit.scope.func)
-        if scope is not None:
-            scope_names = local_names(scope)
-    return check_injected(ctx, edit.file, edit.injected_code(), scope_names)
+def _check_names(ctx: Context, edit: Edit, outcome: Outcome, text: str) -> list[str]:
+    scope = find_scope(ctx.parse(text), edit.scope.cls, edit.scope.func)
+    scope_names = local_names(scope) if scope is not None else set()
+    return check_injected(ctx, edit.file, edit.injected_code(outcome), scope_names)
 
 
-def judge(ctx: Context, patches: list[Patch], trust_unrecorded: bool = False) -> Judgement:
-    """Run every edit in order, each on the text the previous ones planned for its file.
+def judge(ctx: Context, patches: list[Patch], trust_unrecorded: bool = False, check_fit: bool = True) -> Judgement:
+    """Every edit's verdict on the files as they are, and the files as the pending edits would write them.
+
+    Each edit is judged on the file as it is (edits of one file stand in
+    different scopes, so one pending edit does not change what another sees);
+    the pending edits of a file are then written in one libcst pass, and the
+    result is proven: it parses, and every edit finds itself applied there.
 
     A patch is never judged from a file that cannot be read as source, nor
     (unless ``trust_unrecorded``) from a file that differs from what pip
     installed: its edits are reported drifted, naming the file. The one
     exception is its own edit target when the anchor (or our edit) is found
     there: a hand-changed target is refused when written, not when judged.
+
+    ``check_fit`` checks that the injected code fits the release (every name
+    it reads and imports exists there); examples, which hold one file, skip it.
     """
     outcomes: dict[str, list[tuple[Edit, Outcome]]] = {}
     originals: dict[str, bytes | None] = {}
-    current: dict[str, str | None] = {}
+    texts: dict[str, str | None] = {}
     reads: dict[str, set[str]] = {}
     for patch in patches:
         pairs: list[tuple[Edit, Outcome]] = []
-        before = dict(current)
         with ctx.recording() as read:
-            for edit in patch.edits(ctx):
-                if edit.file not in current:
-                    current[edit.file] = before[edit.file] = ctx.read(edit.file)
+            for edit in patch.edits:
+                if edit.file not in texts:
+                    texts[edit.file] = ctx.read(edit.file)
                     originals[edit.file] = ctx.raw(edit.file)
-                outcome = edit.evaluate(ctx, current[edit.file])
-                if outcome.verdict is Verdict.PENDING:
-                    problems = _check_names(ctx, edit, current[edit.file] or "")
+                outcome = edit.evaluate(ctx, texts[edit.file])
+                if outcome.verdict is Verdict.PENDING and check_fit:
+                    problems = _check_names(ctx, edit, outcome, texts[edit.file] or "")
                     if problems:
                         outcome = Outcome.drifted(
                             f"{edit.label}: the injected code does not fit this release: " + "; ".join(problems)
                         )
-                    else:
-                        current[edit.file] = outcome.new_text
                 pairs.append((edit, outcome))
         reads[patch.id] = read
-        pairs = _untrusted_to_drifted(ctx, pairs, read, trust_unrecorded)
-        # Each pending edit's text holds the ones before it: a file ends as its last pending edit left it.
-        for edit, outcome in pairs:
-            current[edit.file] = before[edit.file]
+        outcomes[patch.id] = _untrusted_to_drifted(ctx, pairs, read, trust_unrecorded)
+    planned_text = _rewrite(outcomes, texts)
+    _prove_idempotent(ctx, outcomes, planned_text)
+    planned = {path: ctx.source(path).encode(text) for path, text in planned_text.items()}
+    return Judgement(outcomes, originals, planned, reads)
+
+
+def _rewrite(outcomes: dict[str, list[tuple[Edit, Outcome]]], texts: dict[str, str | None]) -> dict[str, str]:
+    """Each file with pending edits, as they write it: one libcst parse and one codegen per file."""
+    pending: dict[str, list[tuple[Edit, Outcome]]] = {}
+    for pairs in outcomes.values():
         for edit, outcome in pairs:
             if outcome.verdict is Verdict.PENDING:
-                current[edit.file] = outcome.new_text
-        outcomes[patch.id] = pairs
+                pending.setdefault(edit.file, []).append((edit, outcome))
+    if not pending:
+        return {}
+    import libcst as cst
+
     planned = {}
-    for path, text in current.items():
-        source = ctx.source(path)
-        if text is None or source is None or text == source.text:
-            continue
-        planned[path] = source.encode(text)
-    judgement = Judgement(outcomes, originals, planned, reads)
-    _prove_idempotent(ctx, judgement, current)
-    return judgement
+    for path, edits in pending.items():
+        module = cst.parse_module(texts[path])
+        for edit, outcome in edits:
+            module = edit.rewrite(module, outcome)
+        if module.code != texts[path]:
+            planned[path] = module.code
+    return planned
 
 
 def _untrusted_to_drifted(ctx, pairs, read, trust_unrecorded):
@@ -112,20 +121,19 @@ def _untrusted_to_drifted(ctx, pairs, read, trust_unrecorded):
     return out
 
 
-def _prove_idempotent(ctx: Context, judgement: Judgement, planned_text: dict[str, str | None]) -> None:
-    """Each planned file parses, and running every edit on it again changes nothing."""
-    for path in judgement.planned:
-        text = planned_text[path]
+def _prove_idempotent(ctx: Context, outcomes: dict[str, list[tuple[Edit, Outcome]]], planned: dict[str, str]) -> None:
+    """Each planned file parses, and every pending edit finds itself applied there (a second run changes nothing)."""
+    for path, text in planned.items():
         try:
-            ast.parse(text)
+            ctx.parse(text)
         except SyntaxError as exc:
             raise TransformBug(f"the planned {path} does not parse", f"{exc.msg} at line {exc.lineno}") from None
-        for patch_id, pairs in judgement.outcomes.items():
+        for patch_id, pairs in outcomes.items():
             for edit, first in pairs:
                 if edit.file != path or first.verdict is not Verdict.PENDING:
                     continue
                 again = edit.evaluate(ctx, text)
-                if again.verdict is not Verdict.APPLIED or (again.new_text not in (None, text)):
+                if again.verdict is not Verdict.APPLIED:
                     raise TransformBug(
                         f"patch {patch_id} is not idempotent on {path}",
                         f"run again on its own output, {edit.label!r} gives {again.verdict.value}, not applied",

@@ -8,6 +8,7 @@ tests). See ``patches/stream_load.py`` for the model to copy.
 from __future__ import annotations
 
 import ast
+import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, ClassVar, Iterator, Sequence
@@ -159,11 +160,25 @@ class Context:
             self._readers.remove(reads)
 
 
+#: Every name a patch injects starts with this: it marks a file as ours, even without the state.
+INJECTED_PREFIX = "_patch_dsv4_"
+
+
+def marker_comment(patch_id: str) -> str:
+    """The comment every replacement carries, so that a reader of the patched file knows who wrote it."""
+    return f"# patch-dsv4 ({patch_id})"
+
+
 @dataclass(frozen=True)
 class Example:
-    """A before/after pair for one edit of a patch, run by tests/test_examples.py.
+    """A before/after pair for a patch, run through the engine by tests/test_examples.py.
 
-    ``after`` None means the edit must leave ``before`` alone with ``verdict``.
+    ``after`` is the file exactly as the patch writes it (compared byte for
+    byte), or None when the patch must leave ``before`` alone with ``verdict``.
+    Write ``after`` out literally, to be read side by side with ``before``;
+    mark an example ``derived`` when its text is computed from the patch's own
+    strings. ``with_helpers=False`` judges it without the injected helpers (whose
+    source a separate test compares with the patch module), to keep it short.
     """
 
     name: str
@@ -173,42 +188,68 @@ class Example:
     verdict: Verdict = Verdict.PENDING
     vllm_version: str = "0.0.0"
     flashinfer_version: str | None = None
+    derived: bool = False
+    with_helpers: bool = True
+
+
+@dataclass(frozen=True)
+class Scope:
+    cls: str | None
+    func: str | None
+
+    def __str__(self) -> str:
+        return ".".join(p for p in (self.cls, self.func) if p) or "<module>"
 
 
 class Edit:
-    """One change to one file. Subclasses implement :meth:`evaluate`."""
+    """One change to one file, inside one scope (class and/or function) of it.
+
+    The engine calls :meth:`evaluate` on the file as it is, and, for every
+    pending edit of a file, :meth:`rewrite` on its libcst tree, once per file.
+    """
 
     label: str
     file: str
+    scope: Scope  # where in ``file`` the edit applies: its anchors are matched there only
 
     def evaluate(self, ctx: Context, text: str | None) -> Outcome:
-        """Judge ``text`` (the file as it is now, or as planned so far).
+        """Judge ``text`` (None: the file is absent).
 
-        Return PENDING with ``new_text`` when the edit would change it, APPLIED
-        when the edit is in place (then running it again must change nothing),
-        or UPSTREAM / NOT_APPLICABLE / DRIFTED with evidence.
+        Return PENDING when the edit would change it (``outcome.variant`` says
+        which anchor matched), APPLIED when the edit is in place (then running it
+        again must change nothing), or UPSTREAM / NOT_APPLICABLE / DRIFTED with
+        evidence.
         """
         raise NotImplementedError
 
-    def injected_code(self) -> Sequence[str]:
-        """Source text this edit writes into vLLM, for the static name checks."""
-        return ()
+    def rewrite(self, module, outcome: Outcome):
+        """The libcst module with this edit applied, as ``outcome`` (PENDING) planned it."""
+        raise NotImplementedError
+
+    def injected_code(self, outcome: Outcome) -> Sequence[str]:
+        """Source text this edit writes into vLLM as ``outcome`` planned it, for the static name checks."""
+        raise NotImplementedError
 
 
 class Patch:
-    """Base class of every patch. The docstring of a subclass is its "why"."""
+    """Base class of every patch: a module in patches/ defines one subclass.
+
+    ``id`` (lower-case words joined by dashes), ``title`` (one line), ``edits``
+    (the edits, each in its own file and scope), ``opt_in`` (applied only when
+    asked for with ``apply --with ID``). Its "why", shown by ``patch-dsv4 list``,
+    is its module's docstring. Patches apply in the order of their ids.
+    """
 
     id: ClassVar[str]
     title: ClassVar[str]
-
-    def edits(self, ctx: Context) -> list[Edit]:
-        raise NotImplementedError
+    edits: ClassVar[tuple[Edit, ...]]
+    opt_in: ClassVar[bool] = False
 
     @classmethod
     def why(cls) -> str:
-        return (cls.__doc__ or "").strip()
+        module = sys.modules.get(cls.__module__)
+        return ((module.__doc__ if module is not None else None) or cls.__doc__ or "").strip()
 
-
-def injected_names_prefix() -> str:
-    """Every name a patch injects starts with this: it marks a file as ours."""
-    return "_patch_dsv4_"
+    @classmethod
+    def files(cls) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(edit.file for edit in cls.edits))

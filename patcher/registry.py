@@ -1,56 +1,140 @@
-"""Find the patches by walking the ``patches`` package: no hand-kept list to forget."""
+"""Find the patches by walking the ``patch_dsv4.patches`` package, and hold them to the rules.
+
+No hand-kept list: every module of the package that defines a :class:`Patch`
+subclass is a patch. A patch that breaks a rule every patch must keep (an id
+and a why; injected names with the ``_patch_dsv4_`` prefix, so a patched file
+is recognised as ours; the marker comment in every replacement; each edit in
+its own file and scope) is refused here, before it can judge or write
+anything. Patches apply in the order of their ids.
+"""
 
 from __future__ import annotations
 
+import ast
 import importlib
 import inspect
 import pkgutil
+import re
+import textwrap
 from functools import lru_cache
 
-from patch_dsv4.patch import Example, Patch
+from patch_dsv4.edits import ReplaceStatements, helper_source, mentions_injected
+from patch_dsv4.errors import TransformBug
+from patch_dsv4.patch import INJECTED_PREFIX, Example, Patch, marker_comment
+
+_ID = re.compile(r"[a-z][a-z0-9]*(?:-[a-z0-9]+)*")
+
+
+class PatchDefinitionError(TransformBug):
+    """A patch module that breaks a rule every patch must keep."""
+
+
+def _refuse(patch: type[Patch], why: str) -> PatchDefinitionError:
+    return PatchDefinitionError(
+        f"patch {getattr(patch, 'id', patch.__name__)} ({patch.__module__}) is not well-formed", why,
+        "fix the patch module; see README, 'Adding a patch'",
+    )
+
+
+def check_patch(patch: type[Patch]) -> None:
+    """Raise PatchDefinitionError when ``patch`` breaks a rule (see the module docstring)."""
+    pid = getattr(patch, "id", None)
+    if not isinstance(pid, str) or not _ID.fullmatch(pid):
+        raise _refuse(patch, f"its id {pid!r} is not lower-case words joined by dashes")
+    if not getattr(patch, "title", None) or not patch.why():
+        raise _refuse(patch, "it needs a title and a why (its module docstring)")
+    edits = getattr(patch, "edits", ())
+    if not edits:
+        raise _refuse(patch, "it declares no edits")
+    marker = marker_comment(pid)
+    for edit in edits:
+        if not isinstance(edit, ReplaceStatements):
+            raise _refuse(patch, f"edit {edit!r} is not a ReplaceStatements")
+        if not (edit.file.startswith("vllm/") and edit.file.endswith(".py")):
+            raise _refuse(patch, f"edit {edit.label!r} names {edit.file}, not a source file of vllm/")
+        if not edit.variants:
+            raise _refuse(patch, f"edit {edit.label!r} has no (anchor, replacement) variant")
+        for variant in edit.variants:
+            try:
+                anchor = ast.parse(textwrap.dedent(variant.anchor))
+                replacement = ast.parse(textwrap.dedent(variant.replacement))
+            except SyntaxError as exc:
+                raise _refuse(patch, f"edit {edit.label!r}: a variant does not parse ({exc.msg})") from None
+            if marker not in variant.replacement:
+                raise _refuse(patch, f"edit {edit.label!r}: its replacement lacks the marker comment {marker!r}")
+            if not mentions_injected(replacement):
+                raise _refuse(patch, f"edit {edit.label!r}: its replacement calls no {INJECTED_PREFIX}* helper")
+            if mentions_injected(anchor):
+                raise _refuse(patch, f"edit {edit.label!r}: its anchor names an injected {INJECTED_PREFIX}* name")
+        for helper in edit.helpers:
+            if not inspect.isfunction(helper) or helper.__module__ != patch.__module__:
+                raise _refuse(patch, f"helper {helper!r} is not a function of the patch module")
+            if not helper.__name__.startswith(INJECTED_PREFIX):
+                raise _refuse(patch, f"helper {helper.__name__} is not named {INJECTED_PREFIX}*")
+            if f"patch-dsv4 ({pid})" not in (helper.__doc__ or ""):
+                raise _refuse(patch, f"helper {helper.__name__}'s docstring does not say 'Written by patch-dsv4 ({pid})'")
+            if helper_source(helper).lstrip().startswith("@"):
+                raise _refuse(patch, f"helper {helper.__name__} is decorated; injected helpers are plain functions")
+
+
+def check_together(patches: list[type[Patch]]) -> None:
+    """Raise PatchDefinitionError when two patches share an id, or two edits one (file, scope)."""
+    ids = [p.id for p in patches]
+    twice = sorted({i for i in ids if ids.count(i) > 1})
+    if twice:
+        raise PatchDefinitionError(f"patch ids defined twice: {', '.join(twice)}")
+    seen: dict[tuple[str, str], str] = {}
+    for patch in patches:
+        for edit in patch.edits:
+            key = (edit.file, str(edit.scope))
+            if key in seen:
+                raise PatchDefinitionError(
+                    f"patches {seen[key]} and {patch.id} both edit {edit.file}:{edit.scope}",
+                    "each edit has a scope of its own (edits are judged on the file as it is)",
+                )
+            seen[key] = patch.id
 
 
 @lru_cache(maxsize=1)
 def _modules() -> tuple:
-    import patch_dsv4.patches as patches
+    import patch_dsv4.patches as package
 
     found = []
-    for info in sorted(pkgutil.iter_modules(patches.__path__), key=lambda i: i.name):
-        if info.name.startswith("_"):
-            continue
-        found.append(importlib.import_module(f"patches.{info.name}"))
+    for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda i: i.name):
+        if not info.name.startswith("_"):
+            found.append(importlib.import_module(f"{package.__name__}.{info.name}"))
     return tuple(found)
 
 
-def discover_patches() -> list[Patch]:
-    """One instance of every Patch subclass defined in patches/, ordered by module name."""
-    result = []
+@lru_cache(maxsize=1)
+def _patch_classes() -> tuple[type[Patch], ...]:
+    classes = []
     for module in _modules():
         for _, obj in inspect.getmembers(module, inspect.isclass):
             if issubclass(obj, Patch) and obj is not Patch and obj.__module__ == module.__name__:
-                result.append(obj())
-    ids = [p.id for p in result]
-    duplicates = {i for i in ids if ids.count(i) > 1}
-    if duplicates:
-        raise RuntimeError(f"patch ids defined twice: {sorted(duplicates)}")
-    return result
+                check_patch(obj)
+                classes.append(obj)
+    check_together(classes)
+    return tuple(sorted(classes, key=lambda p: p.id))
+
+
+def discover_patches() -> list[Patch]:
+    """One instance of every patch in patches/, in the order they apply: by id."""
+    return [cls() for cls in _patch_classes()]
 
 
 def discover_examples() -> list[tuple[Patch, Example]]:
     pairs = []
-    patches_by_module = {type(p).__module__: p for p in discover_patches()}
+    by_module = {type(p).__module__: p for p in discover_patches()}
     for module in _modules():
         for example in getattr(module, "EXAMPLES", ()):
-            pairs.append((patches_by_module[module.__name__], example))
+            pairs.append((by_module[module.__name__], example))
     return pairs
 
 
 def declared_files(patches: list[Patch]) -> frozenset[str]:
     """Every file the patches edit: the only files a state may name."""
-    from patch_dsv4.patch import Context
-
-    empty = Context.from_texts({})
-    return frozenset(edit.file for patch in patches for edit in patch.edits(empty))
+    return frozenset(edit.file for patch in patches for edit in patch.edits)
 
 
 def patch_digest() -> str:

@@ -24,12 +24,13 @@ class Verdict(str, enum.Enum):
 class Outcome:
     """The judgement of one edit on one file's text.
 
-    ``new_text`` is set only for PENDING: the file as the edit would write it.
+    ``variant`` is set for PENDING and APPLIED: the index of the edit's
+    (anchor, replacement) variant that matched.
     """
 
     verdict: Verdict
     detail: str
-    new_text: str | None = None
+    variant: int | None = None
     expected: str | None = None
     found: str | None = None
 
@@ -109,6 +110,7 @@ class Report:
     diff: str | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)
     build: dict | None = None  # {"known": bool, "detail": str}: is this a release recorded in anchors/?
+    next_step: str | None = None  # the command that resolves what failed, with the same target
 
     def to_json(self) -> dict:
         data = {

@@ -22,11 +22,10 @@ exist before 0.30, so that path cannot be backported as is).
 from __future__ import annotations
 
 import ast
-import textwrap
 
-from patch_dsv4.edits import ReplaceStatements, Scope
+from patch_dsv4.edits import ReplaceStatements, Variant
 from patch_dsv4.fingerprint import find_scope
-from patch_dsv4.patch import Context, Example, Patch, injected_names_prefix
+from patch_dsv4.patch import INJECTED_PREFIX, Context, Example, Patch, Scope
 from patch_dsv4.verdicts import Outcome, Verdict
 
 FLASHINFER = "vllm/models/deepseek_v4/nvidia/flashinfer_sparse.py"
@@ -64,7 +63,7 @@ if self.wo_a.weight.dtype != torch.float8_e4m3fn:
     return _patch_dsv4_bf16_o_proj(self, o, positions)
 """ + ANCHOR.lstrip("\n")
 
-HELPER = '''
+
 def _patch_dsv4_bf16_o_proj(layer, o, positions):
     """O projection for a wo_a that is not FP8: inverse RoPE, grouped einsum, wo_b.
 
@@ -84,7 +83,6 @@ def _patch_dsv4_bf16_o_proj(layer, o, positions):
         layer.wo_a,
     )
     return layer.wo_b(z.flatten(1))
-'''
 
 
 def _compares_wo_a_dtype_with_fp8(node: ast.AST) -> bool:
@@ -97,13 +95,8 @@ def _compares_wo_a_dtype_with_fp8(node: ast.AST) -> bool:
     return False
 
 
-def _mentions_ours(node: ast.AST) -> bool:
-    prefix = injected_names_prefix()
-    return any(
-        (isinstance(sub, ast.Name) and sub.id.startswith(prefix))
-        or (isinstance(sub, ast.FunctionDef) and sub.name.startswith(prefix))
-        for sub in ast.walk(node)
-    )
+def _names_injected(node: ast.AST) -> bool:
+    return any(isinstance(sub, ast.Name) and sub.id.startswith(INJECTED_PREFIX) for sub in ast.walk(node))
 
 
 def _calls(node: ast.AST, name: str) -> bool:
@@ -112,17 +105,12 @@ def _calls(node: ast.AST, name: str) -> bool:
     )
 
 
-def _probe_for(cls: str):
-    def probe(ctx: Context, text: str | None) -> Outcome | None:
-        if text is None:
-            return None
-        try:
-            method = find_scope(ctx.parse(text), cls, "_o_proj")
-        except SyntaxError:
-            return None
+def _upstream_checks_dtype(cls: str):
+    def probe(ctx: Context, tree: ast.Module | None) -> Outcome | None:
+        method = find_scope(tree, cls, "_o_proj") if tree is not None else None
         if method is None:
             return None
-        if _compares_wo_a_dtype_with_fp8(method) and not _mentions_ours(method):
+        if _compares_wo_a_dtype_with_fp8(method) and not _names_injected(method):
             return Outcome.upstream(f"{cls}._o_proj checks wo_a.weight.dtype against torch.float8_e4m3fn itself")
         if not _calls(method, SHARED_OP):
             return None
@@ -139,27 +127,27 @@ def _probe_for(cls: str):
 
 
 class DtypePolicy(Patch):
-    __doc__ = __doc__
     id = "dtype-policy"
     title = "NVIDIA attention: a BF16 wo_a takes the BF16 output projection, not the FP8-only einsum"
-
-    def edits(self, ctx: Context) -> list[ReplaceStatements]:
-        return [
-            ReplaceStatements(
-                label=f"{what} O projection honours wo_a's dtype",
-                file=file,
-                scope=Scope(cls, "_o_proj"),
-                anchor=ANCHOR,
-                replacement=REPLACEMENT,
-                helpers=(HELPER,),
-                probe=_probe_for(cls),
-            )
-            for what, file, cls in ATTENTION_CLASSES
-        ]
+    edits = tuple(
+        ReplaceStatements(
+            label=f"{what} O projection honours wo_a's dtype",
+            file=file,
+            scope=Scope(cls, "_o_proj"),
+            variants=(Variant(ANCHOR, REPLACEMENT, releases="0.28.0, 0.29.0"),),
+            helpers=(_patch_dsv4_bf16_o_proj,),
+            probe=_upstream_checks_dtype(cls),
+        )
+        for what, file, cls in ATTENTION_CLASSES
+    )
 
 
-_CALL = ANCHOR.strip()
-_BEFORE = f'''
+EXAMPLES = (
+    # the V4.1 look-alike below the FlashMLA class keeps its projection
+    Example(
+        "fp8-only-projection",
+        FLASHMLA,
+        before='''\
 import torch
 
 from vllm.models.deepseek_v4.nvidia.ops.o_proj import deep_gemm_fp8_o_proj
@@ -167,54 +155,140 @@ from vllm.models.deepseek_v4.nvidia.ops.o_proj import deep_gemm_fp8_o_proj
 
 class DeepseekV4FlashMLAAttention(DeepseekV4Attention):
     def _o_proj(self, o: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-{textwrap.indent(_CALL, " " * 8)}
+        return deep_gemm_fp8_o_proj(
+            o,
+            positions,
+            self.rotary_emb.cos_sin_cache,
+            self.wo_a,
+            self.wo_b,
+            n_groups=self.n_local_groups,
+            heads_per_group=self.n_local_heads // self.n_local_groups,
+            nope_dim=self.nope_head_dim,
+            rope_dim=self.rope_head_dim,
+            o_lora_rank=self.o_lora_rank,
+            einsum_recipe=self._einsum_recipe,
+            tma_aligned_scales=self._tma_aligned_scales,
+        )
 
 
 class DeepseekV41FlashMLAAttention(DeepseekV4Attention):
     def _o_proj(self, o: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-{textwrap.indent(_CALL, " " * 8)}
-'''
-_AFTER = _BEFORE.replace(
-    "\n\n\nclass DeepseekV4FlashMLAAttention(",
-    "\n\n\n" + HELPER.strip() + "\n\n\nclass DeepseekV4FlashMLAAttention(",
-).replace(
-    "    def _o_proj(self, o: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:\n        return",
-    "    def _o_proj(self, o: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:\n"
-    + textwrap.indent(REPLACEMENT.strip().split("\nreturn deep_gemm_fp8_o_proj(")[0], " " * 8)
-    + "\n        return",
-    1,
-)
+        return deep_gemm_fp8_o_proj(
+            o,
+            positions,
+            self.rotary_emb.cos_sin_cache,
+            self.wo_a,
+            self.wo_b,
+            n_groups=self.n_local_groups,
+            heads_per_group=self.n_local_heads // self.n_local_groups,
+            nope_dim=self.nope_head_dim,
+            rope_dim=self.rope_head_dim,
+            o_lora_rank=self.o_lora_rank,
+            einsum_recipe=self._einsum_recipe,
+            tma_aligned_scales=self._tma_aligned_scales,
+        )
+''',
+        after='''\
+import torch
 
-EXAMPLES = (
-    # the V4.1 look-alike below the FlashMLA class keeps its projection
-    Example("fp8-only-projection", FLASHMLA, _BEFORE, _AFTER),
-    Example(
-        "reformatted-call",
-        FLASHMLA,
-        _BEFORE.replace(
-            "            n_groups=self.n_local_groups,\n",
-            "            n_groups=(self.n_local_groups),  # groups on this rank\n",
-            1,
-        ),
-        _AFTER,
+from vllm.models.deepseek_v4.nvidia.ops.o_proj import deep_gemm_fp8_o_proj
+
+
+def _patch_dsv4_bf16_o_proj(layer, o, positions):
+    """O projection for a wo_a that is not FP8: inverse RoPE, grouped einsum, wo_b.
+
+    Written by patch-dsv4 (dtype-policy). deep_gemm_fp8_o_proj reads FP8 block
+    scales that a BF16 wo_a does not have; this is vLLM's own BF16 path, the
+    one its ROCm attention class takes.
+    """
+    from vllm.v1.attention.ops.rocm_aiter_mla_sparse import rocm_inv_rope_einsum
+
+    z = rocm_inv_rope_einsum(
+        layer.rotary_emb,
+        o,
+        positions,
+        layer.rope_head_dim,
+        layer.n_local_groups,
+        layer.o_lora_rank,
+        layer.wo_a,
+    )
+    return layer.wo_b(z.flatten(1))
+
+
+class DeepseekV4FlashMLAAttention(DeepseekV4Attention):
+    def _o_proj(self, o: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        if self.wo_a.weight.dtype != torch.float8_e4m3fn:
+            # patch-dsv4 (dtype-policy): a wo_a kept in BF16 has no FP8 block scales.
+            return _patch_dsv4_bf16_o_proj(self, o, positions)
+        return deep_gemm_fp8_o_proj(
+            o,
+            positions,
+            self.rotary_emb.cos_sin_cache,
+            self.wo_a,
+            self.wo_b,
+            n_groups=self.n_local_groups,
+            heads_per_group=self.n_local_heads // self.n_local_groups,
+            nope_dim=self.nope_head_dim,
+            rope_dim=self.rope_head_dim,
+            o_lora_rank=self.o_lora_rank,
+            einsum_recipe=self._einsum_recipe,
+            tma_aligned_scales=self._tma_aligned_scales,
+        )
+
+
+class DeepseekV41FlashMLAAttention(DeepseekV4Attention):
+    def _o_proj(self, o: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return deep_gemm_fp8_o_proj(
+            o,
+            positions,
+            self.rotary_emb.cos_sin_cache,
+            self.wo_a,
+            self.wo_b,
+            n_groups=self.n_local_groups,
+            heads_per_group=self.n_local_heads // self.n_local_groups,
+            nope_dim=self.nope_head_dim,
+            rope_dim=self.rope_head_dim,
+            o_lora_rank=self.o_lora_rank,
+            einsum_recipe=self._einsum_recipe,
+            tma_aligned_scales=self._tma_aligned_scales,
+        )
+''',
     ),
     Example(
         "class-checks-dtype-itself",
         FLASHMLA,
-        _BEFORE.replace(
-            "        return deep_gemm_fp8_o_proj(\n",
-            "        if self.wo_a.weight.dtype == torch.float8_e4m3fn:\n            return bf16_o_proj(o)\n"
-            "        return deep_gemm_fp8_o_proj(\n",
-            1,
-        ),
-        None,
-        Verdict.UPSTREAM,
+        before='''\
+class DeepseekV4FlashMLAAttention(DeepseekV4Attention):
+    def _o_proj(self, o, positions):
+        if self.wo_a.weight.dtype == torch.float8_e4m3fn:
+            return bf16_o_proj(o)
+        return deep_gemm_fp8_o_proj(o, positions)
+''',
+        after=None,
+        verdict=Verdict.UPSTREAM,
     ),
     Example(
         "changed-call-drifts",
         FLASHMLA,
-        _BEFORE.replace("tma_aligned_scales=self._tma_aligned_scales", "tma_aligned_scales=True", 1),
-        None,
-        Verdict.DRIFTED,
+        before='''\
+class DeepseekV4FlashMLAAttention(DeepseekV4Attention):
+    def _o_proj(self, o, positions):
+        return deep_gemm_fp8_o_proj(
+            o,
+            positions,
+            self.rotary_emb.cos_sin_cache,
+            self.wo_a,
+            self.wo_b,
+            n_groups=self.n_local_groups,
+            heads_per_group=self.n_local_heads // self.n_local_groups,
+            nope_dim=self.nope_head_dim,
+            rope_dim=self.rope_head_dim,
+            o_lora_rank=self.o_lora_rank,
+            einsum_recipe=self._einsum_recipe,
+            tma_aligned_scales=True,
+        )
+''',
+        after=None,
+        verdict=Verdict.DRIFTED,
     ),
 )

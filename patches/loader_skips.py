@@ -22,11 +22,10 @@ the vision tower.
 from __future__ import annotations
 
 import ast
-import textwrap
 
-from patch_dsv4.edits import ReplaceStatements, Scope
-from patch_dsv4.fingerprint import find_scope, normalize_node, statements
-from patch_dsv4.patch import Context, Example, Patch
+from patch_dsv4.edits import ReplaceStatements, Variant
+from patch_dsv4.fingerprint import find_scope
+from patch_dsv4.patch import Context, Example, Patch, Scope
 from patch_dsv4.verdicts import Outcome, Verdict
 
 MODEL = "vllm/models/deepseek_v4/nvidia/model.py"
@@ -35,8 +34,7 @@ VL_MODEL = "vllm/models/deepseek_v4/common/vl_model.py"
 TEXT_CLASS = "DeepseekV4ForCausalLM"
 VISION_CLASS = "DeepseekV4ForConditionalGeneration"
 
-# -- the text class's AutoWeightsLoader: ignore the vision tower where it has no module
-VISION_HELPER = '''
+
 def _patch_dsv4_vision_tower_prefixes():
     """Checkpoint prefixes of the vision tower of DeepSeek-V4-Flash-Vision packs.
 
@@ -45,37 +43,8 @@ def _patch_dsv4_vision_tower_prefixes():
     no module or parameter of that name: the text class has no vision tower.
     """
     return ["vision.", "aligner.", "image_"]
-'''
-VISION_VARIANTS = (
-    (  # 0.29.0 (AutoWeightsLoader lost skip_prefixes/skip_substrs; the mapper drops mtp.)
-        """
-loader = AutoWeightsLoader(self)
-""",
-        """
-loader = AutoWeightsLoader(
-    self,
-    # patch-dsv4 (loader-skips): the pack's vision tower has no module here.
-    ignore_unexpected_prefixes=_patch_dsv4_vision_tower_prefixes(),
-)
-""",
-    ),
-    (  # 0.28.0
-        """
-loader = AutoWeightsLoader(self, skip_substrs=["mtp."])
-""",
-        """
-loader = AutoWeightsLoader(
-    self,
-    skip_substrs=["mtp."],
-    # patch-dsv4 (loader-skips): the pack's vision tower has no module here.
-    ignore_unexpected_prefixes=_patch_dsv4_vision_tower_prefixes(),
-)
-""",
-    ),
-)
 
-# -- MoE gate biases without a parameter (target and DSpark draft loaders)
-GATE_BIAS_HELPER = '''
+
 def _patch_dsv4_gate_bias_without_home(name, params_dict):
     """Whether ``name`` is a MoE gate bias this model has no parameter for.
 
@@ -87,8 +56,37 @@ def _patch_dsv4_gate_bias_without_home(name, params_dict):
     return name not in params_dict and name.endswith(
         (".ffn.gate.e_score_correction_bias", ".ffn.gate.bias_vl")
     )
-'''
-GATE_BIAS_SKIP = """
+
+
+# -- the text class's AutoWeightsLoader: ignore the vision tower where it has no module
+VISION_TOWER = (
+    Variant(
+        anchor="loader = AutoWeightsLoader(self)",
+        replacement="""
+loader = AutoWeightsLoader(
+    self,
+    # patch-dsv4 (loader-skips): the pack's vision tower has no module here.
+    ignore_unexpected_prefixes=_patch_dsv4_vision_tower_prefixes(),
+)
+""",
+        releases="0.29.0 (AutoWeightsLoader lost skip_prefixes/skip_substrs; the mapper drops mtp.)",
+    ),
+    Variant(
+        anchor='loader = AutoWeightsLoader(self, skip_substrs=["mtp."])',
+        replacement="""
+loader = AutoWeightsLoader(
+    self,
+    skip_substrs=["mtp."],
+    # patch-dsv4 (loader-skips): the pack's vision tower has no module here.
+    ignore_unexpected_prefixes=_patch_dsv4_vision_tower_prefixes(),
+)
+""",
+        releases="0.28.0",
+    ),
+)
+
+# -- MoE gate biases without a parameter (target and DSpark draft loaders)
+_SKIP = """
 # patch-dsv4 (loader-skips): a vision-pack gate bias with no parameter here.
 if _patch_dsv4_gate_bias_without_home(name, params_dict):
     continue
@@ -98,68 +96,35 @@ if is_pp_missing_parameter(name, self):
     continue
 """
 _LORA_LOOKUP = """
-# Non-LoRA params on a LoRA-wrapped module live at
-# ``<head>.base_layer.<leaf>``; the checkpoint is plain.
 if name not in params_dict:
     head, _, leaf = name.rpartition(".")
     suffixed = f"{head}.base_layer.{leaf}"
     if suffixed in params_dict:
         name = suffixed
 """
-_LOOKUP = """
-param = params_dict[name]
-"""
+_LOOKUP = "param = params_dict[name]\n"
 _BIAS_RENAME = """
 if name.endswith(".ffn.gate.bias"):
-    name = name.replace(
-        ".ffn.gate.bias", ".ffn.gate.e_score_correction_bias"
-    )
+    name = name.replace(".ffn.gate.bias", ".ffn.gate.e_score_correction_bias")
 """
 
 
-def _join(*pieces: str) -> str:
-    """Statements one after the other, without blank lines between them."""
+def _then(*pieces: str) -> str:
+    """Statements one after the other."""
     return "".join(piece.strip("\n") + "\n" for piece in pieces)
 
 
-MODEL_VARIANTS = (
-    # 0.29.0: the LoRA base_layer lookup sits between the PP check and the lookup.
-    (_join(_PP_CHECK, _LORA_LOOKUP, _LOOKUP), _join(_PP_CHECK, _LORA_LOOKUP, GATE_BIAS_SKIP, _LOOKUP)),
-    # 0.28.0
-    (_join(_PP_CHECK, _LOOKUP), _join(_PP_CHECK, GATE_BIAS_SKIP, _LOOKUP)),
+TARGET_GATE_BIAS = (
+    Variant(
+        _then(_PP_CHECK, _LORA_LOOKUP, _LOOKUP),
+        _then(_PP_CHECK, _LORA_LOOKUP, _SKIP, _LOOKUP),
+        releases="0.29.0 (a LoRA base_layer lookup between the PP check and the lookup)",
+    ),
+    Variant(_then(_PP_CHECK, _LOOKUP), _then(_PP_CHECK, _SKIP, _LOOKUP), releases="0.28.0"),
 )
-DSPARK_VARIANTS = (
-    # 0.28.0 and 0.29.0
-    (_join(_BIAS_RENAME, _LOOKUP), _join(_BIAS_RENAME, GATE_BIAS_SKIP, _LOOKUP)),
+DRAFT_GATE_BIAS = (
+    Variant(_then(_BIAS_RENAME, _LOOKUP), _then(_BIAS_RENAME, _SKIP, _LOOKUP), releases="0.28.0, 0.29.0"),
 )
-
-
-def _occurs(scope: ast.AST, code: str) -> bool:
-    """Whether the statements of ``code`` stand consecutively in one block of ``scope``."""
-    wanted = statements(code)
-    n = len(wanted)
-    for node in ast.walk(scope):
-        for field in ("body", "orelse", "finalbody"):
-            block = getattr(node, field, None)
-            if not (isinstance(block, list) and block and isinstance(block[0], ast.stmt)):
-                continue
-            dumps = [normalize_node(stmt) for stmt in block]
-            if any(dumps[i : i + n] == wanted for i in range(len(dumps) - n + 1)):
-                return True
-    return False
-
-
-def _variant(ctx: Context, file: str, scope: Scope, variants) -> tuple[str, str]:
-    """The (anchor, replacement) of the release at hand: the variant whose edit or
-    anchor is in the file; the newest one otherwise, so that drift is reported
-    against the code we know best."""
-    tree = ctx.ast(file)
-    node = find_scope(tree, scope.cls, scope.func) if tree is not None else None
-    if node is not None:
-        for anchor, replacement in variants:
-            if _occurs(node, replacement) or _occurs(node, anchor):
-                return anchor, replacement
-    return variants[0]
 
 
 # -- upstream probes
@@ -199,19 +164,15 @@ def _moe_homes(ctx: Context) -> str | None:
     return None
 
 
-def _probe_target_gate_bias(ctx: Context, text: str | None) -> Outcome | None:
+def _upstream_target_gate_bias(ctx: Context, tree: ast.Module | None) -> Outcome | None:
     evidence = _moe_homes(ctx)
     return Outcome.upstream(evidence) if evidence else None
 
 
-def _probe_draft_gate_bias(ctx: Context, text: str | None) -> Outcome | None:
-    if text is None:
+def _upstream_draft_gate_bias(ctx: Context, tree: ast.Module | None) -> Outcome | None:
+    if tree is None:
         return None
     evidence = _moe_homes(ctx)
-    try:
-        tree = ctx.parse(text)
-    except SyntaxError:
-        return None
     reuses_target_layers = any(
         isinstance(node, ast.ImportFrom)
         and (node.module, node.level) in (("vllm.models.deepseek_v4.nvidia.model", 0), ("model", 1))
@@ -223,9 +184,9 @@ def _probe_draft_gate_bias(ctx: Context, text: str | None) -> Outcome | None:
     return None
 
 
-def _probe_vision_tower(ctx: Context, text: str | None) -> Outcome | None:
-    tree = ctx.ast(VL_MODEL)
-    init = find_scope(tree, VISION_CLASS, "__init__") if tree is not None else None
+def _upstream_vision_tower(ctx: Context, tree: ast.Module | None) -> Outcome | None:
+    vl_tree = ctx.ast(VL_MODEL)
+    init = find_scope(vl_tree, VISION_CLASS, "__init__") if vl_tree is not None else None
     if init is None:
         return None
     assigned = {
@@ -241,118 +202,240 @@ def _probe_vision_tower(ctx: Context, text: str | None) -> Outcome | None:
 
 
 class LoaderSkips(Patch):
-    __doc__ = __doc__
     id = "loader-skips"
     title = "0.28/0.29 loaders skip the vision pack's tensors that have no parameter or module there"
-
-    def edits(self, ctx: Context) -> list[ReplaceStatements]:
-        edits = []
-        for label, file, scope, variants, helper, probe in (
-            (
-                "text class ignores the vision tower it has no module for",
-                MODEL,
-                Scope(TEXT_CLASS, "load_weights"),
-                VISION_VARIANTS,
-                VISION_HELPER,
-                _probe_vision_tower,
-            ),
-            (
-                "target loader skips gate biases without a parameter",
-                MODEL,
-                Scope("DeepseekV4Model", "load_weights"),
-                MODEL_VARIANTS,
-                GATE_BIAS_HELPER,
-                _probe_target_gate_bias,
-            ),
-            (
-                "DSpark draft loader skips gate biases without a parameter",
-                DSPARK,
-                Scope("DSparkDeepseekV4ForCausalLM", "load_weights"),
-                DSPARK_VARIANTS,
-                GATE_BIAS_HELPER,
-                _probe_draft_gate_bias,
-            ),
-        ):
-            anchor, replacement = _variant(ctx, file, scope, variants)
-            edits.append(
-                ReplaceStatements(
-                    label=label,
-                    file=file,
-                    scope=scope,
-                    anchor=anchor,
-                    replacement=replacement,
-                    helpers=(helper,),
-                    probe=probe,
-                )
-            )
-        return edits
+    edits = (
+        ReplaceStatements(
+            label="text class ignores the vision tower it has no module for",
+            file=MODEL,
+            scope=Scope(TEXT_CLASS, "load_weights"),
+            variants=VISION_TOWER,
+            helpers=(_patch_dsv4_vision_tower_prefixes,),
+            probe=_upstream_vision_tower,
+        ),
+        ReplaceStatements(
+            label="target loader skips gate biases without a parameter",
+            file=MODEL,
+            scope=Scope("DeepseekV4Model", "load_weights"),
+            variants=TARGET_GATE_BIAS,
+            helpers=(_patch_dsv4_gate_bias_without_home,),
+            probe=_upstream_target_gate_bias,
+        ),
+        ReplaceStatements(
+            label="DSpark draft loader skips gate biases without a parameter",
+            file=DSPARK,
+            scope=Scope("DSparkDeepseekV4ForCausalLM", "load_weights"),
+            variants=DRAFT_GATE_BIAS,
+            helpers=(_patch_dsv4_gate_bias_without_home,),
+            probe=_upstream_draft_gate_bias,
+        ),
+    )
 
 
-def _indented(code: str, spaces: int) -> str:
-    return textwrap.indent(code.strip("\n"), " " * spaces) + "\n"
+EXAMPLES = (
+    Example(
+        "dspark-gate-bias",
+        DSPARK,
+        before='''\
+class DSparkDeepseekV4ForCausalLM(nn.Module):
+    def load_weights(self, weights):
+        params_dict = dict(self.named_parameters())
+        for name, loaded_weight in weights:
+            if name.endswith(".ffn.gate.bias"):
+                name = name.replace(".ffn.gate.bias", ".ffn.gate.e_score_correction_bias")
+            param = params_dict[name]
+            loaded_params.add(name)
+''',
+        after='''\
+def _patch_dsv4_gate_bias_without_home(name, params_dict):
+    """Whether ``name`` is a MoE gate bias this model has no parameter for.
 
-
-_DSPARK_BEFORE = f'''
-import torch
+    Written by patch-dsv4 (loader-skips). Vision checkpoints ship gate.bias on
+    hash layers (loaded as e_score_correction_bias, which hash layers lack here)
+    and gate.bias_vl on every MoE layer (no such parameter here). A name that
+    has a parameter is always loaded.
+    """
+    return name not in params_dict and name.endswith(
+        (".ffn.gate.e_score_correction_bias", ".ffn.gate.bias_vl")
+    )
 
 
 class DSparkDeepseekV4ForCausalLM(nn.Module):
     def load_weights(self, weights):
         params_dict = dict(self.named_parameters())
-        loaded_params = set()
         for name, loaded_weight in weights:
-            if "attn_sink" in name:
+            if name.endswith(".ffn.gate.bias"):
+                name = name.replace(".ffn.gate.bias", ".ffn.gate.e_score_correction_bias")
+            # patch-dsv4 (loader-skips): a vision-pack gate bias with no parameter here.
+            if _patch_dsv4_gate_bias_without_home(name, params_dict):
                 continue
-{_indented(_join(_BIAS_RENAME, _LOOKUP), 12)}            loaded_params.add(name)
-        return loaded_params
-'''
-_DSPARK_AFTER = _DSPARK_BEFORE.replace(
-    "import torch\n\n\n", "import torch\n\n\n" + GATE_BIAS_HELPER.strip() + "\n\n\n"
-).replace(_indented(_LOOKUP, 12), _indented(_join(GATE_BIAS_SKIP, _LOOKUP), 12))
-
-
-def _model_before(plain_branch: str, loader: str) -> str:
-    return f'''
-import torch
-
-
+            param = params_dict[name]
+            loaded_params.add(name)
+''',
+    ),
+    Example(
+        "dspark-changed-lookup-drifts",
+        DSPARK,
+        before='''\
+class DSparkDeepseekV4ForCausalLM(nn.Module):
+    def load_weights(self, weights):
+        for name, loaded_weight in weights:
+            if name.endswith(".ffn.gate.bias"):
+                name = name.replace(".ffn.gate.bias", ".ffn.gate.e_score_correction_bias")
+            param = params_dict.get(name)
+''',
+        after=None,
+        verdict=Verdict.DRIFTED,
+    ),
+    Example(
+        "model-0.28",
+        MODEL,
+        before='''\
 class DeepseekV4Model(nn.Module):
     def load_weights(self, weights):
-        params_dict = dict(self.named_parameters())
         for name, loaded_weight in weights:
             if "attn_sink" in name:
-{_indented(_PP_CHECK, 16)}                params_dict[name][:1].copy_(loaded_weight)
+                if is_pp_missing_parameter(name, self):
+                    continue
+                params_dict[name][:1].copy_(loaded_weight)
                 continue
             else:
-{_indented(plain_branch, 16)}                param.weight_loader(param, loaded_weight)
+                if is_pp_missing_parameter(name, self):
+                    continue
+                param = params_dict[name]
+                param.weight_loader(param, loaded_weight)
 
 
 class DeepseekV4ForCausalLM(nn.Module):
     def load_weights(self, weights):
-{_indented(loader, 8)}        return loader.load_weights(weights, mapper=self.hf_to_vllm_mapper)
-'''
+        loader = AutoWeightsLoader(self, skip_substrs=["mtp."])
+        return loader.load_weights(weights, mapper=self.hf_to_vllm_mapper)
+''',
+        after='''\
+def _patch_dsv4_gate_bias_without_home(name, params_dict):
+    """Whether ``name`` is a MoE gate bias this model has no parameter for.
 
-
-def _model_after(version_index: int) -> str:
-    (vision_anchor, vision_edit), (gate_anchor, gate_edit) = VISION_VARIANTS[version_index], MODEL_VARIANTS[version_index]
-    return (
-        _model_before(gate_edit, vision_edit)
-        .replace("import torch\n\n\n", "import torch\n\n\n" + GATE_BIAS_HELPER.strip() + "\n\n\n")
-        .replace(
-            "\n\n\nclass DeepseekV4ForCausalLM(", "\n\n\n" + VISION_HELPER.strip() + "\n\n\nclass DeepseekV4ForCausalLM("
-        )
+    Written by patch-dsv4 (loader-skips). Vision checkpoints ship gate.bias on
+    hash layers (loaded as e_score_correction_bias, which hash layers lack here)
+    and gate.bias_vl on every MoE layer (no such parameter here). A name that
+    has a parameter is always loaded.
+    """
+    return name not in params_dict and name.endswith(
+        (".ffn.gate.e_score_correction_bias", ".ffn.gate.bias_vl")
     )
 
 
-EXAMPLES = (
-    Example("dspark-gate-bias", DSPARK, _DSPARK_BEFORE, _DSPARK_AFTER),
-    Example(
-        "dspark-changed-lookup-drifts",
-        DSPARK,
-        _DSPARK_BEFORE.replace("param = params_dict[name]", "param = params_dict.get(name)"),
-        None,
-        Verdict.DRIFTED,
+class DeepseekV4Model(nn.Module):
+    def load_weights(self, weights):
+        for name, loaded_weight in weights:
+            if "attn_sink" in name:
+                if is_pp_missing_parameter(name, self):
+                    continue
+                params_dict[name][:1].copy_(loaded_weight)
+                continue
+            else:
+                if is_pp_missing_parameter(name, self):
+                    continue
+                # patch-dsv4 (loader-skips): a vision-pack gate bias with no parameter here.
+                if _patch_dsv4_gate_bias_without_home(name, params_dict):
+                    continue
+                param = params_dict[name]
+                param.weight_loader(param, loaded_weight)
+
+
+def _patch_dsv4_vision_tower_prefixes():
+    """Checkpoint prefixes of the vision tower of DeepSeek-V4-Flash-Vision packs.
+
+    Written by patch-dsv4 (loader-skips). Passed to AutoWeightsLoader as
+    ignore_unexpected_prefixes, which skips a tensor only where the model has
+    no module or parameter of that name: the text class has no vision tower.
+    """
+    return ["vision.", "aligner.", "image_"]
+
+
+class DeepseekV4ForCausalLM(nn.Module):
+    def load_weights(self, weights):
+        loader = AutoWeightsLoader(
+            self,
+            skip_substrs=["mtp."],
+            # patch-dsv4 (loader-skips): the pack's vision tower has no module here.
+            ignore_unexpected_prefixes=_patch_dsv4_vision_tower_prefixes(),
+        )
+        return loader.load_weights(weights, mapper=self.hf_to_vllm_mapper)
+''',
     ),
-    Example("model-0.29", MODEL, _model_before(*(v[0] for v in (MODEL_VARIANTS[0], VISION_VARIANTS[0]))), _model_after(0)),
-    Example("model-0.28", MODEL, _model_before(*(v[0] for v in (MODEL_VARIANTS[1], VISION_VARIANTS[1]))), _model_after(1)),
+    Example(
+        "model-0.29",
+        MODEL,
+        before='''\
+class DeepseekV4Model(nn.Module):
+    def load_weights(self, weights):
+        for name, loaded_weight in weights:
+            if is_pp_missing_parameter(name, self):
+                continue
+            # Non-LoRA params on a LoRA-wrapped module live at
+            # ``<head>.base_layer.<leaf>``; the checkpoint is plain.
+            if name not in params_dict:
+                head, _, leaf = name.rpartition(".")
+                suffixed = f"{head}.base_layer.{leaf}"
+                if suffixed in params_dict:
+                    name = suffixed
+            param = params_dict[name]
+
+
+class DeepseekV4ForCausalLM(nn.Module):
+    def load_weights(self, weights):
+        loader = AutoWeightsLoader(self)
+''',
+        after='''\
+def _patch_dsv4_gate_bias_without_home(name, params_dict):
+    """Whether ``name`` is a MoE gate bias this model has no parameter for.
+
+    Written by patch-dsv4 (loader-skips). Vision checkpoints ship gate.bias on
+    hash layers (loaded as e_score_correction_bias, which hash layers lack here)
+    and gate.bias_vl on every MoE layer (no such parameter here). A name that
+    has a parameter is always loaded.
+    """
+    return name not in params_dict and name.endswith(
+        (".ffn.gate.e_score_correction_bias", ".ffn.gate.bias_vl")
+    )
+
+
+class DeepseekV4Model(nn.Module):
+    def load_weights(self, weights):
+        for name, loaded_weight in weights:
+            if is_pp_missing_parameter(name, self):
+                continue
+            # Non-LoRA params on a LoRA-wrapped module live at
+            # ``<head>.base_layer.<leaf>``; the checkpoint is plain.
+            if name not in params_dict:
+                head, _, leaf = name.rpartition(".")
+                suffixed = f"{head}.base_layer.{leaf}"
+                if suffixed in params_dict:
+                    name = suffixed
+            # patch-dsv4 (loader-skips): a vision-pack gate bias with no parameter here.
+            if _patch_dsv4_gate_bias_without_home(name, params_dict):
+                continue
+            param = params_dict[name]
+
+
+def _patch_dsv4_vision_tower_prefixes():
+    """Checkpoint prefixes of the vision tower of DeepSeek-V4-Flash-Vision packs.
+
+    Written by patch-dsv4 (loader-skips). Passed to AutoWeightsLoader as
+    ignore_unexpected_prefixes, which skips a tensor only where the model has
+    no module or parameter of that name: the text class has no vision tower.
+    """
+    return ["vision.", "aligner.", "image_"]
+
+
+class DeepseekV4ForCausalLM(nn.Module):
+    def load_weights(self, weights):
+        loader = AutoWeightsLoader(
+            self,
+            # patch-dsv4 (loader-skips): the pack's vision tower has no module here.
+            ignore_unexpected_prefixes=_patch_dsv4_vision_tower_prefixes(),
+        )
+''',
+    ),
 )

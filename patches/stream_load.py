@@ -17,26 +17,16 @@ from __future__ import annotations
 
 import ast
 
-from patch_dsv4.edits import ReplaceStatements, Scope
+from patch_dsv4.edits import ReplaceStatements, Variant
 from patch_dsv4.fingerprint import find_scope
-from patch_dsv4.patch import Context, Example, Patch
+from patch_dsv4.patch import Context, Example, Patch, Scope
 from patch_dsv4.verdicts import Outcome, Verdict
 
 VL_MODEL = "vllm/models/deepseek_v4/common/vl_model.py"
 VISION_CLASS = "DeepseekV4ForConditionalGeneration"
-SCOPE = Scope(VISION_CLASS, "load_weights")
 UPSTREAM_HELPER = "stream_language_model_first"
 
-ANCHOR = """
-mapped = iter(sorted(mapped, key=lambda x: x[0]))
-"""
 
-REPLACEMENT = """
-# patch-dsv4 (stream-load): stream language-model tensors, defer the rest.
-mapped = _patch_dsv4_stream_language_model_first(mapped)
-"""
-
-HELPER = '''
 def _patch_dsv4_stream_language_model_first(weights):
     """Yield ``language_model.*`` weights as they arrive, then the rest.
 
@@ -63,16 +53,11 @@ def _patch_dsv4_stream_language_model_first(weights):
     rest.reverse()
     while rest:
         yield rest.pop()
-'''
 
 
-def _probe(ctx: Context, text: str | None) -> Outcome | None:
-    if text is None:
+def _upstream_streams(ctx: Context, tree: ast.Module | None) -> Outcome | None:
+    if tree is None:
         return Outcome.not_applicable(f"no vision class in this release ({VL_MODEL} is absent)")
-    try:
-        tree = ctx.parse(text)
-    except SyntaxError:
-        return None
     if find_scope(tree, VISION_CLASS, None) is None:
         return Outcome.not_applicable(f"{VL_MODEL} defines no {VISION_CLASS}")
     method = find_scope(tree, VISION_CLASS, "load_weights")
@@ -81,30 +66,39 @@ def _probe(ctx: Context, text: str | None) -> Outcome | None:
     calls = {n.func.id for n in ast.walk(method) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
     top = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
     if UPSTREAM_HELPER in calls and UPSTREAM_HELPER in top and "sorted" not in calls:
-        return Outcome.upstream(f"{VL_MODEL}: {SCOPE} streams with upstream's {UPSTREAM_HELPER}()")
+        return Outcome.upstream(f"{VL_MODEL}: {VISION_CLASS}.load_weights streams with upstream's {UPSTREAM_HELPER}()")
     return None
 
 
 class StreamLoad(Patch):
-    __doc__ = __doc__
     id = "stream-load"
     title = "vision-class load_weights streams the checkpoint instead of sorting it in host memory"
+    edits = (
+        ReplaceStatements(
+            label="stream language-model tensors",
+            file=VL_MODEL,
+            scope=Scope(VISION_CLASS, "load_weights"),
+            variants=(
+                Variant(
+                    anchor="mapped = iter(sorted(mapped, key=lambda x: x[0]))",
+                    replacement=(
+                        "# patch-dsv4 (stream-load): stream language-model tensors, defer the rest.\n"
+                        "mapped = _patch_dsv4_stream_language_model_first(mapped)\n"
+                    ),
+                    releases="0.30.0-0.32.0",
+                ),
+            ),
+            helpers=(_patch_dsv4_stream_language_model_first,),
+            probe=_upstream_streams,
+        ),
+    )
 
-    def edits(self, ctx: Context) -> list[ReplaceStatements]:
-        return [
-            ReplaceStatements(
-                label="stream language-model tensors",
-                file=VL_MODEL,
-                scope=SCOPE,
-                anchor=ANCHOR,
-                replacement=REPLACEMENT,
-                helpers=(HELPER,),
-                probe=_probe,
-            )
-        ]
 
-
-_BEFORE = '''
+EXAMPLES = (
+    Example(
+        "sorted-iterator",
+        VL_MODEL,
+        before='''\
 import torch
 
 
@@ -119,42 +113,127 @@ class DeepseekV4ForConditionalGeneration(torch.nn.Module):
     def other(self, mapped):
         mapped = iter(sorted(mapped, key=lambda x: x[0]))
         return mapped
-'''
+''',
+        after='''\
+import torch
 
-_AFTER = _BEFORE.replace(
-    "import torch\n\n\n",
-    "import torch\n\n\n" + HELPER.strip() + "\n\n\n",
-).replace(
-    "            # one contiguous delegation\n            mapped = iter(sorted(mapped, key=lambda x: x[0]))\n",
-    "            # one contiguous delegation\n"
-    "            # patch-dsv4 (stream-load): stream language-model tensors, defer the rest.\n"
-    "            mapped = _patch_dsv4_stream_language_model_first(mapped)\n",
-)
 
-EXAMPLES = (
-    Example("sorted-iterator", VL_MODEL, _BEFORE, _AFTER),
+def _patch_dsv4_stream_language_model_first(weights):
+    """Yield ``language_model.*`` weights as they arrive, then the rest.
+
+    Written by patch-dsv4 (stream-load). Sorting the whole iterator held every
+    tensor of the checkpoint in host memory; this keeps the language model's
+    weights in one contiguous group while holding only the small rest, cloned
+    so it does not pin the loader's per-shard storage. The rest is grouped by
+    top-level module (stable, so arrival order holds within a group).
+    """
+    rest = []
+    handoff = []
+    for item in weights:
+        if item[0].startswith("language_model."):
+            # Hand the tensor over without keeping a reference in this frame,
+            # so the caller can free it before asking for the next one.
+            handoff.append(item)
+            del item
+            yield handoff.pop()
+        else:
+            name, tensor = item
+            rest.append((name, tensor.clone()))
+            del item, name, tensor
+    rest.sort(key=lambda entry: entry[0].split(".", 1)[0])
+    rest.reverse()
+    while rest:
+        yield rest.pop()
+
+
+class DeepseekV4ForConditionalGeneration(torch.nn.Module):
+    def load_weights(self, weights):
+        mapped = self.hf_to_vllm_mapper.apply(weights)
+        if child_finalizes:
+            # one contiguous delegation
+            # patch-dsv4 (stream-load): stream language-model tensors, defer the rest.
+            mapped = _patch_dsv4_stream_language_model_first(mapped)
+        return AutoWeightsLoader(self).load_weights(mapped)
+
+    def other(self, mapped):
+        mapped = iter(sorted(mapped, key=lambda x: x[0]))
+        return mapped
+''',
+    ),
     Example(
         "reformatted-anchor",
         VL_MODEL,
-        _BEFORE.replace("iter(sorted(mapped, key=lambda x: x[0]))", "iter(sorted(mapped,key=lambda x:(x[0])))", 1),
-        _AFTER,
+        before='''\
+class DeepseekV4ForConditionalGeneration:
+    def load_weights(self, weights):
+        mapped = iter(sorted(mapped,key=lambda x:(x[0])))  # sort by name
+''',
+        after='''\
+def _patch_dsv4_stream_language_model_first(weights):
+    """Yield ``language_model.*`` weights as they arrive, then the rest.
+
+    Written by patch-dsv4 (stream-load). Sorting the whole iterator held every
+    tensor of the checkpoint in host memory; this keeps the language model's
+    weights in one contiguous group while holding only the small rest, cloned
+    so it does not pin the loader's per-shard storage. The rest is grouped by
+    top-level module (stable, so arrival order holds within a group).
+    """
+    rest = []
+    handoff = []
+    for item in weights:
+        if item[0].startswith("language_model."):
+            # Hand the tensor over without keeping a reference in this frame,
+            # so the caller can free it before asking for the next one.
+            handoff.append(item)
+            del item
+            yield handoff.pop()
+        else:
+            name, tensor = item
+            rest.append((name, tensor.clone()))
+            del item, name, tensor
+    rest.sort(key=lambda entry: entry[0].split(".", 1)[0])
+    rest.reverse()
+    while rest:
+        yield rest.pop()
+
+
+class DeepseekV4ForConditionalGeneration:
+    def load_weights(self, weights):
+        # patch-dsv4 (stream-load): stream language-model tensors, defer the rest.
+        mapped = _patch_dsv4_stream_language_model_first(mapped)
+''',
     ),
     Example(
         "upstream-streams",
         VL_MODEL,
-        "def stream_language_model_first(w):\n    yield from w\n\n\n"
-        "class DeepseekV4ForConditionalGeneration:\n"
-        "    def load_weights(self, weights):\n"
-        "        mapped = stream_language_model_first(weights)\n",
-        None,
-        Verdict.UPSTREAM,
+        before='''\
+def stream_language_model_first(w):
+    yield from w
+
+
+class DeepseekV4ForConditionalGeneration:
+    def load_weights(self, weights):
+        mapped = stream_language_model_first(weights)
+''',
+        after=None,
+        verdict=Verdict.UPSTREAM,
     ),
     Example(
         "changed-key-drifts",
         VL_MODEL,
-        _BEFORE.replace("key=lambda x: x[0]", "key=lambda x: x[1]", 1),
-        None,
-        Verdict.DRIFTED,
+        before='''\
+class DeepseekV4ForConditionalGeneration:
+    def load_weights(self, weights):
+        mapped = iter(sorted(mapped, key=lambda x: x[1]))
+''',
+        after=None,
+        verdict=Verdict.DRIFTED,
     ),
-    Example("no-vision-class", VL_MODEL, "class DeepseekV4ForCausalLM:\n    pass\n", None, Verdict.NOT_APPLICABLE),
+    Example(
+        "no-vision-class",
+        VL_MODEL,
+        before="class DeepseekV4ForCausalLM:\n    pass\n",
+        after=None,
+        verdict=Verdict.NOT_APPLICABLE,
+    ),
 )

@@ -28,18 +28,17 @@ from __future__ import annotations
 
 import ast
 import re
-import textwrap
 
 from packaging.version import InvalidVersion, Version
 
-from patch_dsv4.edits import ReplaceStatements, Scope
-from patch_dsv4.patch import Context, Example, Patch
+from patch_dsv4.edits import ReplaceStatements, Variant, helper_source, indent, mentions_injected
+from patch_dsv4.fingerprint import find_scope
+from patch_dsv4.patch import Context, Example, Patch, Scope
 from patch_dsv4.verdicts import Outcome, Verdict
 
 FLASHINFER_SPARSE = "vllm/models/deepseek_v4/nvidia/flashinfer_sparse.py"
 SPARSE_SWA = "vllm/v1/attention/backends/mla/sparse_swa.py"
 SM120_CLASS = "DeepseekV4FlashInferSM120Attention"
-SCOPE = Scope(SM120_CLASS, "_forward_prefill")
 
 #: The first FlashInfer release whose SM120 dual-cache prefill takes wide rows.
 FIXED_IN_FLASHINFER = Version("0.7.0")
@@ -85,9 +84,9 @@ if _patch_dsv4_wide_swa_takes_sliced_path(
         extra_sparse_topk_lens=extra_sparse_lengths_chunk,
     )
 else:
-""" + textwrap.indent(ANCHOR.strip("\n"), "    ") + "\n"
+""" + indent(ANCHOR, 4)
 
-HELPER_TAKES_SLICED_PATH = '''
+
 def _patch_dsv4_wide_swa_takes_sliced_path(query, sparse_indices, extra_sparse_indices):
     """Whether this SM120 prefill call needs 128-wide slices.
 
@@ -108,11 +107,10 @@ def _patch_dsv4_wide_swa_takes_sliced_path(query, sparse_indices, extra_sparse_i
 
     import flashinfer
 
-    found = re.match(r"(\\d+)\\.(\\d+)", str(getattr(flashinfer, "__version__", "")))
+    found = re.match(r"(\d+)\.(\d+)", str(getattr(flashinfer, "__version__", "")))
     return found is not None and (int(found[1]), int(found[2])) < (0, 7)
-'''
 
-HELPER_FLASHINFER_API = '''
+
 def _patch_dsv4_wide_swa_flashinfer_api():
     """FlashInfer 0.6.x's private SM120 sparse-MLA entry point and segment type.
 
@@ -148,9 +146,8 @@ def _patch_dsv4_wide_swa_flashinfer_api():
             ">= 0.7.0, whose kernel takes wide rows, and run `patch-dsv4 status`"
         )
     return run, segment
-'''
 
-HELPER_MERGE = '''
+
 def _patch_dsv4_wide_swa_merge(out_acc, lse_acc, part_out, part_lse):
     """Fold one slice's result into the running one, exactly, in base 2.
 
@@ -160,6 +157,8 @@ def _patch_dsv4_wide_swa_merge(out_acc, lse_acc, part_out, part_lse):
     slice carries the kernel's sentinel LSE, -1e30, and weighs nothing; a row
     empty in every slice keeps output 0 and the sentinel, as the kernel writes.
     """
+    import torch
+
     part_lse = part_lse.clamp_min(-1e30)
     new_lse = torch.maximum(lse_acc, part_lse)
     keep = torch.exp2(lse_acc - new_lse)
@@ -168,9 +167,8 @@ def _patch_dsv4_wide_swa_merge(out_acc, lse_acc, part_out, part_lse):
     out_acc.mul_((keep / total).unsqueeze(-1))
     out_acc.add_(part_out.float() * (take / total).unsqueeze(-1))
     lse_acc.copy_(torch.where(new_lse <= -1e30, new_lse, new_lse + torch.log2(total)))
-'''
 
-HELPER_SLICED_PREFILL = '''
+
 def _patch_dsv4_wide_swa_sliced_prefill(
     *,
     query,
@@ -194,6 +192,8 @@ def _patch_dsv4_wide_swa_sliced_prefill(
     their base-2 LSE, in float32, 2048 tokens at a time to bound the extra
     memory. Writes ``out`` and returns the merged LSE, [tokens, heads].
     """
+    import torch
+
     run, segment = _patch_dsv4_wide_swa_flashinfer_api()
     num_tokens = query.shape[0]
     indices = sparse_indices.reshape(num_tokens, -1)
@@ -248,9 +248,14 @@ def _patch_dsv4_wide_swa_sliced_prefill(
         out4[start:stop, 0].copy_(out_acc)
         merged_lse[start:stop] = lse_acc
     return merged_lse
-'''
 
-HELPERS = (HELPER_TAKES_SLICED_PATH, HELPER_FLASHINFER_API, HELPER_MERGE, HELPER_SLICED_PREFILL)
+
+HELPERS = (
+    _patch_dsv4_wide_swa_takes_sliced_path,
+    _patch_dsv4_wide_swa_flashinfer_api,
+    _patch_dsv4_wide_swa_merge,
+    _patch_dsv4_wide_swa_sliced_prefill,
+)
 
 
 def _narrow_prefill_rows(ctx: Context) -> bool:
@@ -309,8 +314,9 @@ def flashinfer_row_limit(ctx: Context) -> tuple[bool, str]:
     return True, f"{where}: releases before {FIXED_IN_FLASHINFER} take 128-wide dual-cache rows only"
 
 
-def _probe(ctx: Context, text: str | None) -> Outcome | None:
-    if text is not None and "_patch_dsv4_wide_swa_" in text:
+def _upstream_or_narrow(ctx: Context, tree: ast.Module | None) -> Outcome | None:
+    prefill = find_scope(tree, SM120_CLASS, "_forward_prefill") if tree is not None else None
+    if prefill is not None and mentions_injected(prefill):
         return None  # ours is in place: the anchors tell applied from modified
     if _narrow_prefill_rows(ctx):
         return Outcome.not_applicable(
@@ -323,104 +329,163 @@ def _probe(ctx: Context, text: str | None) -> Outcome | None:
 
 
 class WideSwa(Patch):
-    __doc__ = __doc__
     id = "wide-swa"
     title = "SM120 prefill runs window rows wider than 128 as 128-wide slices merged by base-2 LSE"
-
-    def edits(self, ctx: Context) -> list[ReplaceStatements]:
-        return [
-            ReplaceStatements(
-                label="slice wide SM120 dual-cache prefill rows",
-                file=FLASHINFER_SPARSE,
-                scope=SCOPE,
-                anchor=ANCHOR,
-                replacement=REPLACEMENT,
-                helpers=HELPERS,
-                probe=_probe,
-            )
-        ]
+    edits = (
+        ReplaceStatements(
+            label="slice wide SM120 dual-cache prefill rows",
+            file=FLASHINFER_SPARSE,
+            scope=Scope(SM120_CLASS, "_forward_prefill"),
+            variants=(Variant(ANCHOR, REPLACEMENT, releases="0.30.0 with FlashInfer 0.6.x"),),
+            helpers=HELPERS,
+            probe=_upstream_or_narrow,
+        ),
+    )
 
 
-_CALL = ANCHOR.strip()
-
-
-def _indent(code: str, spaces: int) -> str:
-    return "\n".join(" " * spaces + line if line else line for line in code.strip("\n").splitlines()) + "\n"
-
-
-_BEFORE = f'''
+_SM120_PREFILL = '''\
 import torch
 
 from vllm.utils.flashinfer import flashinfer_trtllm_batch_decode_sparse_mla_dsv4
 
 
-class DeepseekV4FlashInferMLAAttention:
-    def _forward_prefill(self, q, output):
-        # a look-alike in the SM100 class
-{_indent(_CALL, 8)}
-
 class DeepseekV4FlashInferSM120Attention:
     def _forward_decode(self, q, output):
-        # a look-alike in the decode method
-{_indent(_CALL, 8)}
+        # a look-alike in the decode method: left alone
+        flashinfer_trtllm_batch_decode_sparse_mla_dsv4(
+            query=q_chunk,
+            swa_kv_cache=swa_kv_paged,
+            workspace_buffer=self._get_workspace(q.device),
+            sparse_indices=swa_indices_chunk,
+            compressed_kv_cache=extra_kv_paged,
+            out=output[query_start:query_end],
+            bmm1_scale=self.scale,
+            sinks=self.attn_sink,
+            kv_layout="NHD",
+            swa_topk_lens=swa_lens_chunk,
+            extra_sparse_indices=extra_sparse_indices_chunk,
+            extra_sparse_topk_lens=extra_sparse_lengths_chunk,
+        )
+
     def _forward_prefill(self, q, output, chunks):
         for query_start, query_end in chunks:
             q_chunk = q[query_start:query_end]
-            # the SM120 prefill call
-{_indent(_CALL, 12)}'''.lstrip("\n")
+            flashinfer_trtllm_batch_decode_sparse_mla_dsv4(
+                query=q_chunk,
+                swa_kv_cache=swa_kv_paged,
+                workspace_buffer=self._get_workspace(q.device),
+                sparse_indices=swa_indices_chunk,
+                compressed_kv_cache=extra_kv_paged,
+                out=output[query_start:query_end],
+                bmm1_scale=self.scale,
+                sinks=self.attn_sink,
+                kv_layout="NHD",
+                swa_topk_lens=swa_lens_chunk,
+                extra_sparse_indices=extra_sparse_indices_chunk,
+                extra_sparse_topk_lens=extra_sparse_lengths_chunk,
+            )
+'''
 
-_CALL_SITE = "            # the SM120 prefill call\n" + _indent(_CALL, 12)
+_SLICED_CALL = '''\
+import torch
+
+from vllm.utils.flashinfer import flashinfer_trtllm_batch_decode_sparse_mla_dsv4
 
 
-def _at_call_site(code: str) -> str:
-    """``_BEFORE`` with ``code`` in place of the SM120 prefill call."""
-    return _BEFORE.replace(_CALL_SITE, "            # the SM120 prefill call\n" + code)
+class DeepseekV4FlashInferSM120Attention:
+    def _forward_decode(self, q, output):
+        # a look-alike in the decode method: left alone
+        flashinfer_trtllm_batch_decode_sparse_mla_dsv4(
+            query=q_chunk,
+            swa_kv_cache=swa_kv_paged,
+            workspace_buffer=self._get_workspace(q.device),
+            sparse_indices=swa_indices_chunk,
+            compressed_kv_cache=extra_kv_paged,
+            out=output[query_start:query_end],
+            bmm1_scale=self.scale,
+            sinks=self.attn_sink,
+            kv_layout="NHD",
+            swa_topk_lens=swa_lens_chunk,
+            extra_sparse_indices=extra_sparse_indices_chunk,
+            extra_sparse_topk_lens=extra_sparse_lengths_chunk,
+        )
 
-
-_HELPERS_TEXT = "".join(h.strip("\n") + "\n\n\n" for h in HELPERS)
-_SM120_CLASS_LINE = "class DeepseekV4FlashInferSM120Attention:"
-_AFTER = _at_call_site(_indent(REPLACEMENT, 12)).replace(
-    "\n\n" + _SM120_CLASS_LINE, "\n\n" + _HELPERS_TEXT + _SM120_CLASS_LINE
-)
+    def _forward_prefill(self, q, output, chunks):
+        for query_start, query_end in chunks:
+            q_chunk = q[query_start:query_end]
+            # patch-dsv4 (wide-swa): FlashInfer 0.6.x dual-cache prefill takes 128-wide rows only.
+            if _patch_dsv4_wide_swa_takes_sliced_path(
+                q_chunk, swa_indices_chunk, extra_sparse_indices_chunk
+            ):
+                _patch_dsv4_wide_swa_sliced_prefill(
+                    query=q_chunk,
+                    swa_kv_cache=swa_kv_paged,
+                    workspace_buffer=self._get_workspace(q.device),
+                    sparse_indices=swa_indices_chunk,
+                    compressed_kv_cache=extra_kv_paged,
+                    out=output[query_start:query_end],
+                    bmm1_scale=self.scale,
+                    sinks=self.attn_sink,
+                    swa_topk_lens=swa_lens_chunk,
+                    extra_sparse_indices=extra_sparse_indices_chunk,
+                    extra_sparse_topk_lens=extra_sparse_lengths_chunk,
+                )
+            else:
+                flashinfer_trtllm_batch_decode_sparse_mla_dsv4(
+                    query=q_chunk,
+                    swa_kv_cache=swa_kv_paged,
+                    workspace_buffer=self._get_workspace(q.device),
+                    sparse_indices=swa_indices_chunk,
+                    compressed_kv_cache=extra_kv_paged,
+                    out=output[query_start:query_end],
+                    bmm1_scale=self.scale,
+                    sinks=self.attn_sink,
+                    kv_layout="NHD",
+                    swa_topk_lens=swa_lens_chunk,
+                    extra_sparse_indices=extra_sparse_indices_chunk,
+                    extra_sparse_topk_lens=extra_sparse_lengths_chunk,
+                )
+'''
 
 EXAMPLES = (
-    Example("wide-rows-flashinfer-0.6", FLASHINFER_SPARSE, _BEFORE, _AFTER, flashinfer_version="0.6.18.post1"),
     Example(
-        "reformatted-anchor",
+        "wide-rows-flashinfer-0.6",
         FLASHINFER_SPARSE,
-        _at_call_site(
-            "            flashinfer_trtllm_batch_decode_sparse_mla_dsv4(query=q_chunk, swa_kv_cache=swa_kv_paged,\n"
-            "                workspace_buffer=self._get_workspace(q.device), sparse_indices=swa_indices_chunk,\n"
-            "                compressed_kv_cache=extra_kv_paged, out=output[query_start:query_end],  # comment\n"
-            "                bmm1_scale=self.scale, sinks=self.attn_sink, kv_layout='NHD',\n"
-            "                swa_topk_lens=swa_lens_chunk, extra_sparse_indices=extra_sparse_indices_chunk,\n"
-            "                extra_sparse_topk_lens=(extra_sparse_lengths_chunk))\n"
-        ),
-        _AFTER,
+        before=_SM120_PREFILL,
+        after=_SLICED_CALL,
         flashinfer_version="0.6.18.post1",
+        with_helpers=False,
+    ),
+    Example(
+        "helpers-before-the-class",
+        FLASHINFER_SPARSE,
+        before=_SM120_PREFILL,
+        after=_SLICED_CALL.replace(
+            "\n\n\nclass DeepseekV4FlashInferSM120Attention:",
+            "".join("\n\n\n" + helper_source(h).rstrip("\n") for h in HELPERS)
+            + "\n\n\nclass DeepseekV4FlashInferSM120Attention:",
+        ),
+        flashinfer_version="0.6.18.post1",
+        derived=True,
     ),
     Example(
         "flashinfer-0.7-takes-wide-rows",
         FLASHINFER_SPARSE,
-        _BEFORE,
-        None,
-        Verdict.UPSTREAM,
+        before=_SM120_PREFILL,
+        after=None,
+        verdict=Verdict.UPSTREAM,
         flashinfer_version="0.7.0.post1",
     ),
     Example(
         "changed-call-drifts",
         FLASHINFER_SPARSE,
-        _at_call_site(_indent(_CALL.replace('kv_layout="NHD"', 'kv_layout="HND"'), 12)),
-        None,
-        Verdict.DRIFTED,
+        before=_SM120_PREFILL.replace(
+            'q_chunk = q[query_start:query_end]\n            flashinfer_trtllm_batch_decode_sparse_mla_dsv4(\n',
+            'q_chunk = q[query_start:query_end]\n            flashinfer_trtllm_batch_decode_sparse_mla_dsv4(\n                kv_layout="HND",\n',
+        ).replace('                kv_layout="NHD",\n                swa_topk_lens', '                swa_topk_lens'),
+        after=None,
+        verdict=Verdict.DRIFTED,
         flashinfer_version="0.6.18.post1",
-    ),
-    Example(
-        "look-alikes-only-drift",
-        FLASHINFER_SPARSE,
-        _at_call_site("            pass\n"),
-        None,
-        Verdict.DRIFTED,
-        flashinfer_version="0.6.18.post1",
+        derived=True,
     ),
 )

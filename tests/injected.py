@@ -1,4 +1,9 @@
-"""Take injected code out of a patched file, to run it as vLLM would."""
+"""Take patched vLLM code out of a patched file, to run it on CPU as vLLM would.
+
+Our own helpers are imported from the patch modules; what needs taking out of
+a patched file is vLLM's code around them (a method, a loader branch) as the
+patch left it.
+"""
 
 from __future__ import annotations
 
@@ -6,12 +11,20 @@ import ast
 from pathlib import Path
 
 
-def load_function(path: Path, name: str, namespace: dict | None = None):
-    """Compile the module-level function ``name`` of ``path`` (as written there) and return it."""
+def function_node(path: Path, cls: str | None, name: str) -> ast.FunctionDef:
+    """The ``def name`` of ``path`` at module level, or in class ``cls``."""
     tree = ast.parse(Path(path).read_text())
-    nodes = [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name]
-    assert len(nodes) == 1, f"{path} defines {name} {len(nodes)} times"
-    module = ast.Module(body=nodes, type_ignores=[])
-    scope = dict(namespace or {})
-    exec(compile(module, str(path), "exec"), scope)  # noqa: S102 - our own injected code
+    body = tree.body
+    if cls is not None:
+        (klass,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls]
+        body = klass.body
+    (func,) = [n for n in body if isinstance(n, ast.FunctionDef) and n.name == name]
+    return func
+
+
+def load_method(path: Path, cls: str | None, name: str, namespace: dict):
+    """``cls.name`` (or the module-level ``name``) as written in ``path``, compiled as a plain function."""
+    module = ast.Module(body=[function_node(path, cls, name)], type_ignores=[])
+    scope = dict(namespace)
+    exec(compile(module, str(path), "exec"), scope)  # noqa: S102 - the patched vLLM code under test
     return scope[name]

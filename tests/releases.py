@@ -9,7 +9,6 @@ write, real copies for the DeepSeek-V4 sources and the dist-info).
 
 from __future__ import annotations
 
-import base64
 import fcntl
 import hashlib
 import os
@@ -19,6 +18,8 @@ import sys
 import zipfile
 from contextlib import contextmanager
 from pathlib import Path
+
+from patch_dsv4.environment import record_digest
 
 RELEASES = ("0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0")
 PINNED_FLASHINFER = {
@@ -136,18 +137,10 @@ def copy_tree(source: Path, dest: Path) -> Path:
     return dest
 
 
-def release_tree(version: str, dest: Path) -> Path:
-    return copy_tree(pristine_tree(version), dest)
-
-
 def wheel_file(version: str, relpath: str) -> bytes:
     """A file's bytes exactly as the vLLM wheel ships it."""
     with zipfile.ZipFile(wheel("vllm", version)) as zf:
         return zf.read(relpath)
-
-
-def record_hash(data: bytes) -> str:
-    return base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
 
 
 def rewrite_record(tree: Path, changed: list[str]) -> None:
@@ -161,7 +154,7 @@ def rewrite_record(tree: Path, changed: list[str]) -> None:
         path = line.split(",", 1)[0]
         if path in changed_set:
             data = (tree / path).read_bytes()
-            line = f"{path},sha256={record_hash(data)},{len(data)}"
+            line = f"{path},sha256={record_digest(data)},{len(data)}"
         out.append(line)
     record.unlink()
     record.write_text("\n".join(out) + "\n")

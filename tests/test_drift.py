@@ -100,8 +100,7 @@ def test_flashinfer_version_overrides_the_pin(cli):
     assert (data["flashinfer_version"], data["flashinfer_given"]) == ("0.7.0.post1", True)
     assert any("--flashinfer-version" in c and "0.6.18.post1" in c for c in data["choices"])
     verdicts = {p["id"]: p["verdict"] for p in data["patches"]}
-    if "wide-swa" in verdicts:  # FlashInfer 0.7.0.post1 takes the wide rows itself
-        assert verdicts["wide-swa"] == "upstream"
+    assert verdicts["wide-swa"] == "upstream"  # FlashInfer 0.7.0.post1 takes the wide rows itself
 
 
 # -- releases made to drift ------------------------------------------------------------

@@ -7,9 +7,13 @@ the wheel's own content.
 
 from __future__ import annotations
 
+import ast
 import hashlib
 
 import pytest
+
+from patch_dsv4.edits import helper_source
+from patch_dsv4.registry import discover_patches
 
 from tests.conftest import RELEASE_PARAMS
 from tests.releases import content_snapshot, stat_snapshot, wheel_file
@@ -24,6 +28,21 @@ def _state_bytes(tree):
         for p in sorted(state.rglob("*"))
         if p.is_file()
     }
+
+
+def _holds_the_helpers_as_written(tree, applied) -> None:
+    """Each injected helper stands in the patched file exactly as its patch module has it."""
+    by_id = {p.id: p for p in discover_patches()}
+    for patch_id, verdict in applied.verdicts().items():
+        if verdict != "applied":
+            continue
+        for edit in by_id[patch_id].edits:
+            text = (tree / edit.file).read_text()
+            lines = text.splitlines(keepends=True)
+            defs = {n.name: n for n in ast.parse(text).body if isinstance(n, ast.FunctionDef)}
+            for helper in edit.helpers:
+                node = defs[helper.__name__]
+                assert "".join(lines[node.lineno - 1 : node.end_lineno]) == helper_source(helper), helper.__name__
 
 
 @pytest.mark.parametrize("reformatted", [False, True], ids=["pristine", "reformatted"])
@@ -47,6 +66,8 @@ def test_apply_twice_verify_revert(version, reformatted, make_tree, cli):
     patched_files = set(applied.json()["changed_files"])
     assert {f for f in changed if not f.startswith(".patch-dsv4")} == patched_files
     assert bool(patched_files) == bool(needed)
+
+    _holds_the_helpers_as_written(tree, applied)
 
     snap_files, snap_state = content_snapshot(tree), _state_bytes(tree)
     stat_after_first = stat_snapshot(tree)

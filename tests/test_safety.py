@@ -20,7 +20,7 @@ from tests.conftest import ROOT
 from tests.releases import DSV4, content_snapshot, wheel, wheel_file
 
 
-def _rank(args, start, judged, index, devnull):
+def _rank(args, start, judged, fired, index, devnull):
     os.dup2(devnull, 1)
     os.dup2(devnull, 2)
     sys.stdout = sys.stderr = open(os.devnull, "w")
@@ -34,6 +34,8 @@ def _rank(args, start, judged, index, devnull):
         # Without the lock, late ranks find files that early ones patched after
         # they judged them, and this test fails (bench/lock_demo.py shows it).
         if step == "judged":
+            with fired.get_lock():
+                fired.value += 1
             try:
                 judged.wait(timeout=10)
             except threading.BrokenBarrierError:
@@ -45,25 +47,27 @@ def _rank(args, start, judged, index, devnull):
     os._exit(main(args))
 
 
-def _run_ranks(tree: Path, n: int = 8) -> list[int]:
+def _run_ranks(tree: Path, n: int = 8) -> tuple[list[int], int]:
+    """Exit codes of ``n`` ranks applying at once, and how many of them reached the overlap point."""
     ctx = multiprocessing.get_context("fork")
-    start, judged = ctx.Barrier(n), ctx.Barrier(n)
+    start, judged, fired = ctx.Barrier(n), ctx.Barrier(n), ctx.Value("i", 0)
     devnull = os.open(os.devnull, os.O_WRONLY)
     args = ["apply", "--site-packages", str(tree)]
-    procs = [ctx.Process(target=_rank, args=(args, start, judged, i, devnull)) for i in range(n)]
+    procs = [ctx.Process(target=_rank, args=(args, start, judged, fired, i, devnull)) for i in range(n)]
     for p in procs:
         p.start()
     for p in procs:
         p.join(300)
     os.close(devnull)
-    return [p.exitcode for p in procs]
+    return [p.exitcode for p in procs], fired.value
 
 
 def test_eight_ranks_apply_at_once(make_tree, cli):
     tree = make_tree("0.30.0")
     original = content_snapshot(tree)
-    codes = _run_ranks(tree)
+    codes, fired = _run_ranks(tree)
     assert codes == [0] * 8
+    assert fired == 8, "the overlap hook did not fire in every rank: nothing was tested"
     assert cli("verify", "--site-packages", tree).code == 0
     status = cli("status", "--site-packages", tree, "--json").json()
     assert status["state"] == "current"

@@ -14,42 +14,26 @@ import pytest
 
 from patch_dsv4.patches import wide_swa
 from patch_dsv4.patches.wide_swa import FLASHINFER_SPARSE, SM120_CLASS
-from tests.conftest import RELEASE_PARAMS
-from tests.releases import PINNED_FLASHINFER, hand_edit, rewrite_record, stat_snapshot, wheel
+from patch_dsv4.edits import helper_source
+from tests.records import recorded_verdict
+from tests.releases import PINNED_FLASHINFER, RELEASES, hand_edit, rewrite_record, stat_snapshot, wheel
 
-EXPECTED = {
-    "0.28.0": "not-applicable",
-    "0.29.0": "not-applicable",
-    "0.30.0": "pending",
-    "0.31.0": "upstream",
-    "0.32.0": "upstream",
-    "0.33.0": "upstream",
-}
 PREFIX = "_patch_dsv4_wide_swa_"
 #: FlashInfer releases whose dual-cache prefill takes 128-wide rows: the sliced path's API.
 SLICED_FLASHINFER = ("0.6.16.post3", "0.6.18", "0.6.18.post1")
 WIDE_FLASHINFER = ("0.7.0.post1", "0.7.2.post1")
 
 
-def _wide_swa(result) -> dict:
-    patch = result.patch("wide-swa")
-    return patch
-
-
-@pytest.mark.parametrize("reformatted", [False, True], ids=["pristine", "reformatted"])
-@pytest.mark.parametrize("version", RELEASE_PARAMS)
-def test_verdict_with_pinned_flashinfer(version, reformatted, make_tree, cli):
-    tree = make_tree(version, reformatted=reformatted)
-    result = cli("status", "--site-packages", tree, "--json")
-    assert result.code == 0, result.stderr
+@pytest.mark.parametrize("version", RELEASES)
+def test_evidence_names_the_flashinfer_it_judged(version, make_tree, cli):
+    result = cli("status", "--site-packages", make_tree(version), "--json")
     report = result.json()
     assert (report["flashinfer_version"], report["flashinfer_source"]) == (PINNED_FLASHINFER[version], "pinned")
-    patch = _wide_swa(result)
-    assert patch["verdict"] == EXPECTED[version], patch
-    if EXPECTED[version] == "upstream":
-        assert "fixed in FlashInfer 0.7.0" in patch["detail"]
-        assert PINNED_FLASHINFER[version] in patch["detail"]
-    if EXPECTED[version] == "not-applicable":
+    patch = result.patch("wide-swa")
+    assert patch["verdict"] == recorded_verdict(version, "wide-swa")
+    if patch["verdict"] == "upstream":
+        assert "fixed in FlashInfer 0.7.0" in patch["detail"] and PINNED_FLASHINFER[version] in patch["detail"]
+    if patch["verdict"] == "not-applicable":
         assert "prefill_index_width" in patch["detail"]
 
 
@@ -77,7 +61,7 @@ def test_verdict_with_installed_flashinfer(version, flashinfer, expected, make_t
     result = cli("status", "--site-packages", tree, "--json")
     assert result.code == 0, result.stderr
     assert (result.json()["flashinfer_version"], result.json()["flashinfer_source"]) == (flashinfer, "installed")
-    patch = _wide_swa(result)
+    patch = result.patch("wide-swa")
     assert patch["verdict"] == expected, patch
     if expected == "upstream":
         assert f"installed FlashInfer {flashinfer}" in patch["detail"]
@@ -90,7 +74,7 @@ def test_flashinfer_upgraded_after_patching_keeps_our_edit_applied(make_tree, cl
     _install_flashinfer_sources(tree, "0.7.0.post1")
     result = cli("verify", "--site-packages", tree, "--json")
     assert result.json()["flashinfer_source"] == "installed"
-    assert _wide_swa(result)["verdict"] == "applied"
+    assert result.patch("wide-swa")["verdict"] == "applied"
     assert result.code == 0, result.stdout
 
 
@@ -131,7 +115,7 @@ def test_only_the_sm120_prefill_call_changes(make_tree, cli):
     before = stat_snapshot(tree)
     result = cli("apply", "--site-packages", tree, "--only", "wide-swa", "--json")
     assert result.code == 0, result.stderr
-    assert _wide_swa(result)["verdict"] == "applied"
+    assert result.patch("wide-swa")["verdict"] == "applied"
     after = stat_snapshot(tree)
     changed = {f for f in after if before.get(f) != after[f] and not f.startswith(".patch-dsv4")}
     assert changed == {FLASHINFER_SPARSE}  # not the deepseek_v41 look-alike, nothing else
@@ -176,18 +160,18 @@ def test_look_alike_outside_the_prefill_method_is_never_touched(make_tree, cli):
 
 
 # -- the private FlashInfer API the sliced path calls, checked against each wheel -----
-def _helper_tree(helper: str) -> ast.FunctionDef:
-    (node,) = ast.parse(helper).body
+def _helper_tree(helper) -> ast.FunctionDef:
+    (node,) = ast.parse(helper_source(helper)).body
     return node
 
 
 def _bound_params() -> tuple[str, ...]:
-    node = _helper_tree(wide_swa.HELPER_FLASHINFER_API)
+    node = _helper_tree(wide_swa._patch_dsv4_wide_swa_flashinfer_api)
     (assign,) = [n for n in ast.walk(node) if isinstance(n, ast.Assign) and ast.unparse(n.targets[0]) == "bound"]
     return ast.literal_eval(assign.value)
 
 
-def _calls(helper: str, name: str) -> list[ast.Call]:
+def _calls(helper, name: str) -> list[ast.Call]:
     return [
         n
         for n in ast.walk(_helper_tree(helper))
@@ -219,14 +203,14 @@ def test_sliced_path_binds_to_the_flashinfer_06_api(version):
     assert not args.posonlyargs and args.vararg is None
     assert tuple(params) == _bound_params()
 
-    (call,) = _calls(wide_swa.HELPER_SLICED_PREFILL, "run")
+    (call,) = _calls(wide_swa._patch_dsv4_wide_swa_sliced_prefill, "run")
     assert not call.args and all(k.arg for k in call.keywords)
     keywords = {k.arg for k in call.keywords}
     assert keywords <= set(params) and required <= keywords
 
     (segment_cls,) = [n for n in core.body if isinstance(n, ast.ClassDef) and n.name == "_SparseMLASegment"]
     fields = {n.target.id for n in segment_cls.body if isinstance(n, ast.AnnAssign)}
-    for call in _calls(wide_swa.HELPER_SLICED_PREFILL, "segment"):
+    for call in _calls(wide_swa._patch_dsv4_wide_swa_sliced_prefill, "segment"):
         assert not call.args and {k.arg for k in call.keywords} <= fields
 
     # The gate's token threshold is FlashInfer's decode/prefill cut-off.
@@ -264,9 +248,7 @@ def fake_flashinfer(monkeypatch):
 
 
 def _gate():
-    namespace: dict = {}
-    exec(compile(wide_swa.HELPER_TAKES_SLICED_PATH, "<wide-swa>", "exec"), namespace)
-    return namespace[f"{PREFIX}takes_sliced_path"]
+    return wide_swa._patch_dsv4_wide_swa_takes_sliced_path
 
 
 @pytest.mark.parametrize(

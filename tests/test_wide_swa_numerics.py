@@ -1,46 +1,38 @@
-"""wide-swa numerics on CPU torch: the injected slicing code, taken from a patched
-0.30.0 file, against one softmax over the whole row (window, compressed entries,
-sink), with FlashInfer played by the torch reference kernel."""
+"""wide-swa numerics on CPU torch: the injected slicing code, imported from the patch
+module, against one softmax over the whole row (window, compressed entries, sink),
+with FlashInfer played by the torch reference kernel. (That a patched file holds
+exactly this code is tested on the real releases, in test_lifecycle.py.)"""
 
 from __future__ import annotations
 
-import ast
 import math
 
 import pytest
 
-from patch_dsv4.patches.wide_swa import FLASHINFER_SPARSE
+from patch_dsv4.edits import helper_source
+from patch_dsv4.patches import wide_swa
 
 torch = pytest.importorskip("torch")
 import tests.sparse_mla_reference as reference  # noqa: E402  (needs torch)
 
-PREFIX = "_patch_dsv4_wide_swa_"
 
-@pytest.fixture(scope="module")
-def patched_text(tmp_path_factory):
-    from tests.conftest import run_cli
-    from tests.releases import copy_tree, pristine_tree
-
-    tree = copy_tree(pristine_tree("0.30.0"), tmp_path_factory.mktemp("wide") / "sp")
-    assert run_cli("apply", "--site-packages", tree, "--only", "wide-swa").code == 0
-    return (tree / FLASHINFER_SPARSE).read_text()
+@pytest.fixture
+def sliced(monkeypatch):
+    """The injected sliced prefill, imported from the patch module, with FlashInfer played by the reference kernel."""
+    monkeypatch.setattr(
+        wide_swa, "_patch_dsv4_wide_swa_flashinfer_api", lambda: (reference.sparse_mla_sm120, reference.SparseMLASegment)
+    )
+    return wide_swa._patch_dsv4_wide_swa_sliced_prefill
 
 
-def _injected(patched_text: str, natural_log: bool = False) -> dict:
-    """The ``_patch_dsv4_wide_swa_*`` functions as the patched file has them, run with torch.
-
-    ``natural_log`` swaps the merge's base-2 exp/log for natural ones: the wrong merge.
-    """
-    tree = ast.parse(patched_text)
-    namespace: dict = {"torch": torch}
-    for node in tree.body:
-        if isinstance(node, ast.FunctionDef) and node.name.startswith(PREFIX):
-            source = ast.get_source_segment(patched_text, node)
-            if natural_log:
-                source = source.replace("torch.exp2", "torch.exp").replace("torch.log2", "torch.log")
-            exec(compile(source, FLASHINFER_SPARSE, "exec"), namespace)
-    namespace[f"{PREFIX}flashinfer_api"] = lambda: (reference.sparse_mla_sm120, reference.SparseMLASegment)
-    return namespace
+@pytest.fixture
+def natural_log_merge(monkeypatch):
+    """The merge with exp/log in place of exp2/log2 (the wrong base), put where the sliced path calls it."""
+    source = helper_source(wide_swa._patch_dsv4_wide_swa_merge)
+    source = source.replace("torch.exp2", "torch.exp").replace("torch.log2", "torch.log")
+    namespace: dict = {}
+    exec(compile(source, "<natural-log merge>", "exec"), namespace)  # noqa: S102 - a deliberately wrong variant
+    monkeypatch.setattr(wide_swa, "_patch_dsv4_wide_swa_merge", namespace["_patch_dsv4_wide_swa_merge"])
 
 
 def _case(seed: int, tokens: int, width: int, sink: bool, three_d: bool, heads=8, dim=64, compressed=96):
@@ -84,9 +76,9 @@ def _one_softmax(inputs, compute_dtype=torch.float32):
     return out, lse
 
 
-def _sliced(namespace, inputs):
+def _run(sliced, inputs):
     out = torch.full_like(inputs["query"], float("nan"))
-    lse = namespace[f"{PREFIX}sliced_prefill"](out=out, **inputs)
+    lse = sliced(out=out, **inputs)
     return out, lse
 
 
@@ -118,11 +110,10 @@ CASES = [
 
 
 @pytest.mark.parametrize("seed,tokens,width,sink,three_d", CASES)
-def test_sliced_equals_one_softmax_over_the_row(seed, tokens, width, sink, three_d, patched_text):
-    namespace = _injected(patched_text)
+def test_sliced_equals_one_softmax_over_the_row(seed, tokens, width, sink, three_d, sliced):
     inputs = _case(seed, tokens, width, sink, three_d, heads=8 if tokens < 1000 else 4, dim=64 if tokens < 1000 else 32)
     ref_out, ref_lse = _one_softmax(inputs)
-    out, lse = _sliced(namespace, inputs)
+    out, lse = _run(sliced, inputs)
     assert not torch.isnan(out).any()
     assert _excess(out, ref_out) <= 1.0
     # The merged LSE is the kernel's: base 2, the sink in it, -1e30 or the sink on empty rows.
@@ -135,19 +126,17 @@ def test_sliced_equals_one_softmax_over_the_row(seed, tokens, width, sink, three
         assert torch.all(lse[empty] == -1e30)
 
 
-def test_sliced_is_float32_exact_against_float64(patched_text):
-    namespace = _injected(patched_text)
+def test_sliced_is_float32_exact_against_float64(sliced):
     inputs = _case(11, 130, 512, True, True)
     exact, _ = _one_softmax(inputs, compute_dtype=torch.float64)
-    out, _ = _sliced(namespace, inputs)
+    out, _ = _run(sliced, inputs)
     assert _excess(out.double(), exact) <= 1.0
 
 
 @pytest.mark.parametrize("sink", [True, False], ids=["sink", "nosink"])
-def test_natural_log_merge_exceeds_the_tolerance(sink, patched_text):
+def test_natural_log_merge_exceeds_the_tolerance(sink, sliced, natural_log_merge):
     """The same slices merged with exp/log instead of exp2/log2: the error the base-2 LSE avoids."""
-    namespace = _injected(patched_text, natural_log=True)
     inputs = _case(5, 130, 512, sink, False)
     ref_out, _ = _one_softmax(inputs)
-    out, _ = _sliced(namespace, inputs)
+    out, _ = _run(sliced, inputs)
     assert _excess(out, ref_out) > 1000.0

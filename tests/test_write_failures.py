@@ -74,16 +74,17 @@ def _one_line(result) -> str:
     ids=["two-files", "four-files"],
 )
 def test_apply_fails_at_every_write_step(version, files, make_tree):
-    reference = make_tree(version)
-    original = content_snapshot(reference)
-    assert run_cli("apply", "--site-packages", reference).code == 0
-    patched = content_snapshot(reference)
+    """One tree throughout: every failed run must leave it as it began, so the next run starts from there."""
+    tree = make_tree(version)
+    original = content_snapshot(tree)
+    assert run_cli("apply", "--site-packages", tree).code == 0
+    patched = content_snapshot(tree)
+    assert run_cli("revert", "--site-packages", tree).code == 0
     assert sum(original[f] != patched[f] for f in original) == files
     failed = complete = 0
     n = 0
     while True:
         n += 1
-        tree = make_tree(version)
         error = ERRORS[n % len(ERRORS)]
         result, seen = _run_with_fault(n, error, "apply", "--site-packages", tree)
         if seen < n:  # the fault never fired: every write step has been tried
@@ -93,48 +94,49 @@ def test_apply_fails_at_every_write_step(version, files, make_tree):
             complete += 1
             assert content_snapshot(tree) == patched, n
             assert run_cli("verify", "--site-packages", tree).code == 0
+            assert run_cli("revert", "--site-packages", tree).code == 0
         else:
             failed += 1
             assert result.code == 2, (n, result.stderr)
             assert os.strerror(error) in _one_line(result), (n, result.stderr)
-            assert content_snapshot(tree) == original, f"write step {n}: the tree is not as it began"
             assert not (tree / ".patch-dsv4").exists(), (n, _state(tree))
+        assert content_snapshot(tree) == original, f"write step {n}: the tree is not as it began"
         assert not _leftovers(tree), (n, _leftovers(tree))
-        shutil.rmtree(tree.parent)
     assert failed > 10 * files, f"only {failed} write steps failed the apply: the seam is not reached"
     print(f"{version}: {n - 1} write steps, {failed} undone, {complete} after completion")
 
 
 def test_apply_over_an_earlier_apply_fails_at_every_write_step(make_tree):
     """The state already holds one patch: a failed apply of the next one restores that state exactly."""
+    tree = make_tree("0.30.0")
+    assert run_cli("apply", "--site-packages", tree, "--only", "stream-load").code == 0
+    files, state = content_snapshot(tree), _state(tree)
     n = 0
     while True:
         n += 1
-        tree = make_tree("0.30.0")
-        assert run_cli("apply", "--site-packages", tree, "--only", "stream-load").code == 0
-        files, state = content_snapshot(tree), _state(tree)
         result, seen = _run_with_fault(n, errno.ENOSPC, "apply", "--site-packages", tree)
         if seen < n:
             assert result.code == 0
             break
-        if result.code != 0:
+        if result.code == 0:
+            assert run_cli("revert", "--site-packages", tree).code == 0
+            assert run_cli("apply", "--site-packages", tree, "--only", "stream-load").code == 0
+        else:
             assert result.code == 2 and _one_line(result)
-            assert content_snapshot(tree) == files, n
-            assert _state(tree) == state, n
+        assert content_snapshot(tree) == files, n
+        assert _state(tree) == state, n
         assert not _leftovers(tree)
-        shutil.rmtree(tree.parent)
     assert n > 20
 
 
 def test_revert_fails_at_every_write_step(make_tree):
+    tree = make_tree("0.30.0")
+    original = content_snapshot(tree)
+    assert run_cli("apply", "--site-packages", tree).code == 0
+    patched, state = content_snapshot(tree), _state(tree)
     n = 0
-    restored = 0
     while True:
         n += 1
-        tree = make_tree("0.30.0")
-        original = content_snapshot(tree)
-        assert run_cli("apply", "--site-packages", tree).code == 0
-        patched, state = content_snapshot(tree), _state(tree)
         result, seen = _run_with_fault(n, errno.EIO, "revert", "--site-packages", tree)
         if seen < n:
             assert result.code == 0 and content_snapshot(tree) == original
@@ -143,7 +145,6 @@ def test_revert_fails_at_every_write_step(make_tree):
             assert content_snapshot(tree) == original
         elif content_snapshot(tree) == original:
             # every file is back and the manifest is gone; only removing the rest of the state failed
-            restored += 1
             assert result.code == 2 and "reverted" in _one_line(result)
             assert run_cli("revert", "--site-packages", tree).code == 0
             assert not (tree / ".patch-dsv4").exists()
@@ -152,8 +153,10 @@ def test_revert_fails_at_every_write_step(make_tree):
             assert content_snapshot(tree) == patched, f"write step {n}: the tree is not as it began"
             assert _state(tree) == state, n
             assert run_cli("verify", "--site-packages", tree).code == 0
+        if content_snapshot(tree) == original:
+            assert run_cli("apply", "--site-packages", tree).code == 0
+        assert content_snapshot(tree) == patched and _state(tree) == state
         assert not _leftovers(tree)
-        shutil.rmtree(tree.parent)
     assert n > 10
 
 
