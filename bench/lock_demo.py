@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import patch_dsv4.state  # noqa: E402
 from tests.conftest import run_cli  # noqa: E402
 from tests.releases import content_snapshot, copy_tree, pristine_tree  # noqa: E402
-from tests.test_safety import _run_ranks  # noqa: E402
+from tests.test_safety import run_ranks  # noqa: E402
 
 
 def main() -> None:
@@ -36,7 +36,7 @@ def main() -> None:
         work = Path(tempfile.mkdtemp())
         tree = copy_tree(pristine_tree(args.version), work / "site-packages")
         original = content_snapshot(tree)
-        codes, _fired = _run_ranks(tree)
+        codes, _fired = run_ranks(tree)
         verify = run_cli("verify", "--site-packages", tree).code
         revert = run_cli("revert", "--site-packages", tree).code
         exact = content_snapshot(tree) == original

@@ -136,9 +136,14 @@ def recorded_files(vllm_version: str, directory: Path | None = None) -> list[str
 
 
 def write(record: dict, directory: Path | None = None) -> Path:
+    """Write a record atomically (temp file, fsync, rename), as every file patch-dsv4 writes."""
+    import os
+
+    from patch_dsv4.fs import Dir, Owner
+
     path = anchors_path(record["vllm_version"], directory)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(dumps(record), encoding="utf-8")
-    tmp.replace(path)
+    mode = path.stat().st_mode & 0o7777 if path.exists() else 0o644
+    with Dir.open(path.parent) as parent:
+        parent.write_atomic(path.name, dumps(record).encode("utf-8"), Owner(os.geteuid(), os.getegid(), mode))
     return path

@@ -10,16 +10,18 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass, replace
 
-from patch_dsv4 import __version__
+from patch_dsv4 import __version__, quick
 from patch_dsv4.environment import Environment, record_digest
 from patch_dsv4.errors import EXIT_NEEDS_ACTION, EXIT_OK, EnvironmentProblem, Refused
 from patch_dsv4.fs import checkpoint, sha256_bytes
-from patch_dsv4.judge import Judgement, edit_reports, judge, patch_report
+from patch_dsv4.judge import Judgement, as_opt_in, edit_reports, judge, patch_report
 from patch_dsv4.patch import Context, Patch
-from patch_dsv4.registry import declared_files, discover_patches, patch_digest
-from patch_dsv4.state import FileEntry, Manifest, StateStore
+from patch_dsv4.quick import patch_digest
+from patch_dsv4.registry import declared_files, discover_patches
+from patch_dsv4.state import STATE_DIR, FileEntry, Manifest, StateStore
 from patch_dsv4.transaction import recover, write_apply, write_revert
-from patch_dsv4.verdicts import PatchReport, Report, Verdict
+from patch_dsv4.render import PACKAGE_PREFIX
+from patch_dsv4.verdicts import PatchReport, Report, Verdict, next_step, summary_line
 
 
 # -- the state as it stands ---------------------------------------------------------
@@ -166,15 +168,8 @@ def _replan(env, store, view, patches, files) -> Judgement:
     return judge(context_for(env, view, overlay), patches)
 
 
-def _summary(command: str, reports: tuple[PatchReport, ...], extra: str = "") -> str:
-    counts: dict[str, int] = {}
-    for r in reports:
-        counts[r.verdict.value] = counts.get(r.verdict.value, 0) + 1
-    text = ", ".join(f"{n} {v}" for v, n in counts.items()) or "no patches"
-    return f"{command}: {text}" + (f"; {extra}" if extra else "")
-
-
-def _report(env, command, reports, view, exit_code, extra="", changed=(), diff=None, notes=()) -> Report:
+def _report(env, command, reports, view, exit_code, extra="", changed=(), diff=None, notes=(), store=None) -> Report:
+    backups = str(store.dir_path / "backups") if store is not None and store.manifest_exists() else None
     return Report(
         command=command,
         target=str(env.site_packages),
@@ -184,10 +179,11 @@ def _report(env, command, reports, view, exit_code, extra="", changed=(), diff=N
         patches=reports,
         state=view.kind,
         exit_code=exit_code,
-        summary=_summary(command, reports, extra),
+        summary=summary_line(command, reports, extra),
         changed_files=tuple(changed),
         diff=diff,
         notes=tuple(notes),
+        backups=backups,
     )
 
 
@@ -199,16 +195,18 @@ def _state_notes(view: StateView) -> list[str]:
     return []
 
 
-def select(patches: list[Patch], only: list[str] | None) -> list[Patch]:
-    if not only:
-        return patches
+def _known_ids(patches: list[Patch], ids: list[str] | None, what: str) -> set[str]:
     known = {p.id for p in patches}
-    unknown = [i for i in only if i not in known]
+    unknown = [i for i in ids or () if i not in known]
     if unknown:
         raise EnvironmentProblem(
-            f"unknown patch id {', '.join(unknown)}", f"known: {', '.join(sorted(known))}", "patch-dsv4 list"
+            f"unknown patch id {', '.join(unknown)} ({what})", f"known: {', '.join(sorted(known))}", "patch-dsv4 list"
         )
-    return [p for p in patches if p.id in only]
+    return set(ids or ())
+
+
+def _opt_in_kept(view: StateView) -> set[str]:
+    return set(view.manifest.opt_in) if view.kind in ("current", "interrupted") and view.manifest else set()
 
 
 # -- status and verify ----------------------------------------------------------------
@@ -218,8 +216,8 @@ def status(env: Environment, command: str = "status") -> Report:
     store = state_store(env, patches)
     view = read_state(env, store)
     judgement = judge(context_for(env, view), patches)
-    reports = _patch_reports(env, judgement, patches, view, store)
-    report = _report(env, command, reports, view, EXIT_OK, notes=_state_notes(view))
+    reports = as_opt_in(_patch_reports(env, judgement, patches, view, store), patches, _opt_in_kept(view))
+    report = _report(env, command, reports, view, EXIT_OK, notes=_state_notes(view), store=store)
     return replace(report, build=build_identity(env, view))
 
 
@@ -237,121 +235,89 @@ def build_identity(env: Environment, view: StateView) -> dict:
     return {"known": match.known, "detail": match.detail}
 
 
-def fast_verdicts(env: Environment, view: StateView) -> tuple[PatchReport, ...] | None:
-    """The verdicts recorded at the last write, when nothing they were based on has changed.
-
-    They stand only if they were made by these patch definitions (their
-    digest), with this FlashInfer, from files that all hash as they did, and
-    if the build is a release recorded in anchors/ whose needed edits are
-    exactly the files the state says we wrote: a state with an empty or forged
-    file table never vouches for an unpatched tree. Anything else is judged again.
-    """
-    from patch_dsv4 import anchors_store
-
-    manifest = view.manifest
-    if view.kind != "current" or view.modified or not manifest.verdicts:
-        return None
-    patches = discover_patches()
-    if manifest.patch_digest != patch_digest() or sorted(manifest.verdicts) != sorted(p.id for p in patches):
-        return None
-    if manifest.flashinfer != {"version": env.flashinfer_version, "source": env.flashinfer_source}:
-        return None
-    applied_files = {f for v in manifest.verdicts.values() if v["verdict"] == "applied" for f in v["files"]}
-    if applied_files != set(manifest.files) or not declared_files(patches) <= set(manifest.inputs):
-        return None
-    for relpath, sha in manifest.inputs.items():
-        if env.sha256(relpath) != sha:
-            return None
-    record = anchors_store.load(env.vllm_version)
-    if record is None or record.get("flashinfer") != manifest.flashinfer:
-        return None
-    if not build_identity(env, view)["known"]:
-        return None
-    needed = {
-        anchor["file"]
-        for pid, entry in record["patches"].items()
-        for anchor in entry.get("anchors", [])
-        if anchor.get("verdict") == "pending" and pid in manifest.verdicts
-    }
-    if needed != set(manifest.files):
-        return None
-    return tuple(
-        PatchReport(pid, v["title"], Verdict(v["verdict"]), tuple(v["files"]), v["detail"])
-        for pid, v in manifest.verdicts.items()
-    )
-
-
 def verify(env: Environment) -> Report:
-    """The CI gate: exit 1 when a patch this environment needs is pending, drifted or modified."""
+    """The CI gate: exit 1 when a patch this environment needs is pending, drifted or modified.
+
+    The verdicts recorded at the last write are reported when the hashes vouch
+    for them (:mod:`patch_dsv4.quick`); anything else is judged in full.
+    """
     store = state_store(env)
     view = read_state(env, store)
-    reports = fast_verdicts(env, view)
-    if reports is None:
-        return _verify_report(env, status(env, command="verify"))
-    return _verify_report(env, _report(env, "verify", reports, view, EXIT_OK, "hashes match the recorded state"))
-
-
-def _verify_report(env: Environment, report: Report) -> Report:
+    if view.kind == "current" and not view.modified:
+        site = quick.Site(str(env.site_packages), env.vllm_version, env.flashinfer_version, env.flashinfer_source)
+        recorded = quick.recorded_verdicts(site)
+        if recorded is not None:
+            return quick.recorded_report(site, recorded, env.target.args())
+    report = status(env, command="verify")
     bad = [r for r in report.patches if r.verdict.needs_action]
-    return replace(report, exit_code=EXIT_NEEDS_ACTION if bad else EXIT_OK, next_step=next_step(env, bad))
+    return replace(report, exit_code=EXIT_NEEDS_ACTION if bad else EXIT_OK, next_step=next_step(env.target.args(), bad))
 
 
-def next_step(env: Environment, bad: list[PatchReport]) -> str | None:
-    """The one command that resolves the patches ``bad`` lists, for the same target."""
-    verdicts = {r.verdict for r in bad}
-    if not verdicts:
-        return None
-    if Verdict.MODIFIED in verdicts:
-        return f"patch-dsv4 revert --discard-local-edits{env.target.args()}"
-    if Verdict.DRIFTED in verdicts:
-        return f"patch-dsv4 status{env.target.args()} -v (a patch no longer matches this vLLM: do not serve it)"
-    return f"patch-dsv4 apply{env.target.args()}"
+def unified_diff(relpath: str, old: bytes, new: bytes) -> bytes:
+    """The change of one file as a unified diff that ``patch -p1`` applies inside the site directory, byte for byte.
 
-
-def unified_diff(relpath: str, old: str, new: str) -> str:
-    return "".join(
-        difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True), f"a/{relpath}", f"b/{relpath}")
+    Diffed as bytes (any encoding, CRLF kept); a last line without a newline is marked as diff marks it.
+    """
+    lines = difflib.diff_bytes(
+        difflib.unified_diff,
+        old.splitlines(keepends=True),
+        new.splitlines(keepends=True),
+        f"a/{relpath}".encode(),
+        f"b/{relpath}".encode(),
     )
+    out = []
+    for line in lines:
+        if line.startswith((b"---", b"+++")) and not line.endswith(b"\n"):
+            line += b"\n"
+        out.append(line)
+        if not line.endswith(b"\n"):
+            out.append(b"\n\\ No newline at end of file\n")
+    return b"".join(out)
 
 
 # -- apply ------------------------------------------------------------------------------
 def apply(
     env: Environment,
     only: list[str] | None = None,
+    with_: list[str] | None = None,
     force: bool = False,
     dry_run: bool = False,
     lock_timeout: float = 300.0,
+    on_wait=None,
 ) -> Report:
-    """Apply every patch this environment needs (or those in ``only``): all files or none."""
+    """Apply every patch this environment needs (or those in ``only``): all files or none.
+
+    ``with_`` adds opt-in patches, remembered in the state so that later
+    applies keep them. ``dry_run`` runs every check apply runs and reports the
+    unified diff, writing nothing (it waits for a held lock, as apply would).
+    """
     patches = discover_patches()
     store = state_store(env, patches)
     if dry_run:
-        return _apply_locked(env, store, patches, only, force, dry_run=True, notes=[])
-    with store.lock(lock_timeout):
+        with store.wait_unlocked(lock_timeout, on_wait):
+            return _apply_locked(env, store, patches, only, with_, force, dry_run=True, notes=[])
+    with store.lock(lock_timeout, on_wait):
         notes = recover(env, store)
-        return _apply_locked(env, store, patches, only, force, dry_run=False, notes=notes)
+        return _apply_locked(env, store, patches, only, with_, force, dry_run=False, notes=notes)
 
 
-def _apply_locked(env, store, patches, only, force, dry_run, notes) -> Report:
-    selected = select(patches, only)
+def _apply_locked(env, store, patches, only, with_, force, dry_run, notes) -> Report:
+    only_ids = _known_ids(patches, only, "--only")
+    with_ids = _known_ids(patches, with_, "--with")
     view = read_state(env, store)
+    if dry_run and view.kind == "interrupted":
+        notes.append("an interrupted apply or revert is pending: apply would finish it first")
+    asked = _opt_in_kept(view) | with_ids
+    selected = [p for p in patches if (not p.opt_in or p.id in asked) and (not only_ids or p.id in only_ids)]
     ctx = context_for(env, view)
     judgement = judge(ctx, patches, trust_unrecorded=force)
-    reports = _patch_reports(env, judgement, patches, view, store)
+    reports = as_opt_in(_patch_reports(env, judgement, patches, view, store), patches, asked)
     chosen = {p.id for p in selected}
     notes = [*notes, *_state_notes(view)]
 
     blocked = [r for r in reports if r.id in chosen and r.verdict in (Verdict.DRIFTED, Verdict.MODIFIED)]
     if blocked:
-        first = blocked[0]
-        unrecorded = [rel for rel in sorted(judgement.reads[first.id]) if (p := ctx.problem(rel)) and not p.hard]
-        if unrecorded and first.verdict is Verdict.DRIFTED:
-            next_step = f"{env.reinstall()} restores it, or apply --force judges and patches it as it is"
-        else:
-            next_step = f"patch-dsv4 status{env.target.args()} for details" + (
-                "; apply the others with --only" if len(blocked) < len(chosen) else ""
-            )
-        raise Refused(f"refusing to apply: {first.id} is {first.verdict.value}", first.detail, next_step)
+        raise _refusal(env, ctx, judgement, blocked, chosen)
     plan, owners = _plan(env, store, view, patches, selected, judgement, force)
     checkpoint("judged")
     current = {rel: env.read_bytes(rel) for rel in plan}
@@ -366,21 +332,25 @@ def _apply_locked(env, store, patches, only, force, dry_run, notes) -> Report:
                 raise Refused(
                     f"refusing to patch {relpath}",
                     f"{why} (changed by hand, or another tool patched it)",
-                    f"{env.reinstall()}, or apply --force",
+                    f"{env.reinstall()}; or apply --force to patch it as it is",
                 )
-    diff = "".join(
-        unified_diff(rel, (current[rel] or b"").decode("utf-8", "replace"), data.decode("utf-8", "replace"))
-        for rel, data in planned.items()
-    )
     if dry_run:
-        return _report(
-            env, "apply", reports, view, EXIT_OK, f"dry run, {len(planned)} file(s) would change", diff=diff, notes=notes
+        diff = b"".join(unified_diff(rel, current[rel] or b"", data) for rel, data in planned.items())
+        report = _report(
+            env, "apply", reports, view, EXIT_OK, f"dry run, {len(planned)} file(s) would change",
+            diff=diff.decode("utf-8", "surrogateescape"), notes=notes, store=store,
         )
-    if not planned:
+        return replace(report, build=build_identity(env, view))
+    new_opt_in = sorted(with_ids - _opt_in_kept(view))
+    if not planned and not (new_opt_in and view.kind == "current"):
         if view.kind == "stale":
             store.remove()
             notes.append("removed the stale state")
-        return _report(env, "apply", reports, view, EXIT_OK, "nothing to do", notes=notes)
+        elif view.kind == "current" and not view.modified and not _recorded_judgement_holds(env):
+            _refresh_recorded_judgement(env, store, view, patches)
+            notes.append("recorded this build's verdicts for verify and the serve guard")
+        report = _report(env, "apply", reports, view, EXIT_OK, "nothing to do", notes=notes, store=store)
+        return replace(report, build=build_identity(env, view))
 
     previous = view.manifest if view.kind == "current" else None
     if view.kind == "stale":
@@ -388,19 +358,46 @@ def _apply_locked(env, store, patches, only, force, dry_run, notes) -> Report:
     manifest = Manifest(vllm_version=env.vllm_version, tool_version=__version__)
     if previous is not None:
         manifest.files = {rel: FileEntry(e.before, e.after, list(e.patches)) for rel, e in previous.files.items()}
-        manifest.opt_in = list(previous.opt_in)
+    manifest.opt_in = sorted(asked & {p.id for p in patches if p.opt_in})
     for relpath, data in planned.items():
         entry = manifest.files.get(relpath)
         if entry is None:
             entry = manifest.files[relpath] = FileEntry(before=sha256_bytes(current[relpath]), after="", patches=[])
         entry.after = sha256_bytes(data)
         entry.patches = sorted(set(entry.patches) | set(owners.get(relpath, ())))
-    _record_judgement(env, view, manifest, patches, planned)
+    final_reports = _record_judgement(env, view, manifest, patches, planned)
     write_apply(env, store, previous, manifest, planned)
     final = read_state(env, store)
-    final_reports = _patch_reports(env, judge(context_for(env, final), patches), patches, final, store)
-    return _report(
-        env, "apply", final_reports, final, EXIT_OK, f"patched {len(planned)} file(s)", changed=planned, notes=notes
+    return replace(
+        _report(env, "apply", final_reports, final, EXIT_OK, f"patched {len(planned)} file(s)", changed=planned,
+                notes=notes, store=store),
+        build=build_identity(env, final),
+    )
+
+
+def _refusal(env, ctx, judgement, blocked, chosen) -> Refused:
+    """Why apply will not write, in a few words, and the one command that gets past it."""
+    first = blocked[0]
+    unrecorded = [rel for rel in sorted(judgement.reads[first.id]) if (p := ctx.problem(rel)) and not p.hard]
+    if first.verdict is Verdict.MODIFIED:
+        edited = sorted(f for f in first.files if f in {e.file for e in first.edits if e.verdict is Verdict.MODIFIED})
+        return Refused(
+            f"refusing to apply: {first.id} is modified",
+            f"{edited[0] if edited else 'a file'} changed since patch-dsv4 wrote it",
+            f"patch-dsv4 revert --discard-local-edits{env.target.args()} (saves your edit first), then apply",
+        )
+    if unrecorded:
+        judged_on_it = [r.id for r in blocked if unrecorded[0] in judgement.reads[r.id]]
+        return Refused(
+            f"refusing to apply: {unrecorded[0]} differs from pip's RECORD",
+            f"edited by hand or from another build, so {', '.join(judged_on_it)} cannot be judged",
+            f"{env.reinstall()}, or apply --force",
+        )
+    why = next((e.detail for e in first.edits if e.verdict is first.verdict), first.detail)
+    others = "; apply the others with --only" if len(blocked) < len(chosen) else ""
+    return Refused(
+        f"refusing to apply: {first.id} is drifted", why.replace(PACKAGE_PREFIX, ""),
+        f"patch-dsv4 status -v{env.target.args()}{others}",
     )
 
 
@@ -438,59 +435,94 @@ def _plan(env, store, view, patches, selected, judgement, force) -> tuple[dict[s
     return dict(plan_j.planned), owners
 
 
-def _record_judgement(env: Environment, view: StateView, manifest: Manifest, patches: list[Patch], planned: dict[str, bytes]) -> None:
-    """Judge the planned tree (as it will be on disk) and keep it for verify's fast path."""
+def _recorded_judgement_holds(env: Environment) -> bool:
+    site = quick.Site(str(env.site_packages), env.vllm_version, env.flashinfer_version, env.flashinfer_source)
+    return quick.recorded_verdicts(site) is not None
+
+
+def _refresh_recorded_judgement(env: Environment, store: StateStore, view: StateView, patches: list[Patch]) -> None:
+    """Record the judgement of this build (another patch-dsv4, or another FlashInfer, made the last): one atomic write.
+
+    Without it, verify and the guard judge in full on every run until a file changes.
+    """
+    previous = view.manifest
+    manifest = Manifest(vllm_version=env.vllm_version, tool_version=__version__, opt_in=list(previous.opt_in))
+    manifest.files = {rel: FileEntry(e.before, e.after, list(e.patches)) for rel, e in previous.files.items()}
+    _record_judgement(env, view, manifest, patches, {})
+    store.save(manifest)
+
+
+def _record_judgement(
+    env: Environment, view: StateView, manifest: Manifest, patches: list[Patch], planned: dict[str, bytes]
+) -> tuple[PatchReport, ...]:
+    """Judge the planned tree (as it will be on disk), keep it for verify's fast path, and return it."""
     ctx = context_for(env, view, overlay=planned)
     judgement = judge(ctx, patches)
+    reports = as_opt_in(_patch_reports(env, judgement, patches, _NO_STATE), patches, set(manifest.opt_in))
     manifest.verdicts = {
-        r.id: {"title": r.title, "verdict": r.verdict.value, "files": list(r.files), "detail": r.detail}
-        for r in _patch_reports(env, judgement, patches, _NO_STATE)
+        r.id: {
+            "title": r.title, "verdict": r.verdict.value, "files": list(r.files), "detail": r.detail,
+            "edits": [e.to_json() for e in r.edits],
+        }
+        for r in reports
     }
     manifest.inputs = {
         rel: (sha256_bytes(planned[rel]) if rel in planned else env.sha256(rel)) for rel in ctx.files_read()
     }
     manifest.flashinfer = {"version": env.flashinfer_version, "source": env.flashinfer_source}
     manifest.patch_digest = patch_digest()
+    return reports
 
 
 # -- revert -------------------------------------------------------------------------------
-def revert(env: Environment, lock_timeout: float = 300.0) -> Report:
-    """Restore every file we patched, byte for byte, and remove the state: all or none."""
+def revert(env: Environment, lock_timeout: float = 300.0, discard_local_edits: bool = False, on_wait=None) -> Report:
+    """Restore every file we patched, byte for byte, and remove the state: all or none.
+
+    A patched file changed since we wrote it is refused, unless
+    ``discard_local_edits``: then it is first saved under the state directory
+    (the report says where), and restored like the others.
+    """
     patches = discover_patches()
     store = state_store(env, patches)
-    with store.lock(lock_timeout):
+    with store.lock(lock_timeout, on_wait):
         notes = recover(env, store)
         view = read_state(env, store)
         notes += _state_notes(view)
-        if view.kind == "none":
-            reports = _patch_reports(env, judge(context_for(env, view), patches), patches, view)
-            return _report(env, "revert", reports, view, EXIT_OK, "nothing to revert", notes=notes)
-        if view.kind == "stale":
-            store.remove()
-            reports = _patch_reports(env, judge(context_for(env), patches), patches, _NO_STATE)
-            notes.append("restored nothing from the stale state and removed it")
-            return _report(env, "revert", reports, view, EXIT_OK, "nothing to revert", notes=notes)
-        if view.modified:
+        if view.kind in ("none", "stale"):
+            if view.kind == "stale":
+                store.remove()
+                notes.append("restored nothing from the stale state and removed it")
+            elif store.remove_if_empty():
+                notes.append(f"removed the empty {STATE_DIR}/ an interrupted run left")
+            reports = as_opt_in(_patch_reports(env, judge(context_for(env), patches), patches, _NO_STATE), patches, set())
+            report = _report(env, "revert", reports, view, EXIT_OK, "nothing to revert", notes=notes)
+            return replace(report, build=build_identity(env, _NO_STATE))
+        if view.modified and not discard_local_edits:
             relpath = sorted(view.modified)[0]
             raise Refused(
                 f"refusing to revert: {relpath} {view.modified[relpath]}",
                 "restoring it would lose that edit",
-                f"{env.reinstall()} restores the release",
+                f"patch-dsv4 revert --discard-local-edits{env.target.args()} (saves your edit first)",
             )
         manifest = view.manifest
-        restore = {}
+        restore, saved = {}, []
         for relpath, entry in manifest.files.items():
-            if relpath in view.ours:
-                backup = store.read_copy("backups", relpath)
-                if backup is None or sha256_bytes(backup) != entry.before:
-                    raise Refused(
-                        f"refusing to revert {relpath}",
-                        "its backup is missing or does not match the recorded hash",
-                        env.reinstall(),
-                    )
-                restore[relpath] = backup
+            if relpath not in view.ours and relpath not in view.modified:
+                continue  # reinstalled since: the release's own file is there already
+            backup = store.read_copy("backups", relpath)
+            if backup is None or sha256_bytes(backup) != entry.before:
+                raise Refused(
+                    f"refusing to revert {relpath}",
+                    "its backup is missing or does not match the recorded hash",
+                    env.reinstall(),
+                )
+            restore[relpath] = backup
+        for relpath in sorted(view.modified):
+            saved.append(str(store.save_local_edit(relpath, env.read_bytes(relpath) or b"")))
         write_revert(env, store, manifest, restore)
-        reports = _patch_reports(env, judge(context_for(env), patches), patches, _NO_STATE)
-        return _report(
-            env, "revert", reports, _NO_STATE, EXIT_OK, f"restored {len(restore)} file(s)", changed=sorted(restore), notes=notes
+        reports = as_opt_in(_patch_reports(env, judge(context_for(env), patches), patches, _NO_STATE), patches, set())
+        report = _report(
+            env, "revert", reports, _NO_STATE, EXIT_OK, f"restored {len(restore)} file(s)", changed=sorted(restore),
+            notes=notes,
         )
+        return replace(report, saved_edits=tuple(saved), build=build_identity(env, _NO_STATE))

@@ -70,6 +70,7 @@ class DriftReport:
         return self.report.exit_code
 
     def to_json(self) -> dict:
+        """status's document (``build`` included), with each patch's anchors and how the release was read."""
         data = self.report.to_json()
         for patch in data["patches"]:
             patch["anchors"] = [a.to_json() for a in self.anchors.get(patch["id"], ())]
@@ -77,13 +78,31 @@ class DriftReport:
             {
                 "release": self.release,
                 "choices": list(self.choices),
-                "known_build": {"known": self.build.known, "detail": self.build.detail},
                 "flashinfer_given": self.flashinfer_given,
                 "files_read": list(self.files_read),
                 "strict": self.strict,
             }
         )
         return data
+
+    def fingerprint_lines(self, patch_id: str) -> list[str]:
+        """The enclosing functions worth a look under a patch's line: new ones and drifted ones."""
+        return [
+            f"{a.file.rsplit('/', 1)[-1]}:{a.scope} {a.fingerprint or '-'} {a.status}"
+            for a in self.anchors.get(patch_id, ())
+            if a.status in (NEW, DRIFTED)
+        ]
+
+    def markdown_column(self) -> tuple[str, dict[str, str]]:
+        """drift's extra markdown column: each anchor's enclosing function and its fingerprint status."""
+        cells = {}
+        for patch_id, prints in self.anchors.items():
+            rows = []
+            for a in prints:
+                status = a.status + (f" ({', '.join(a.recorded_in)})" if a.recorded_in else "")
+                rows.append(f"`{a.file.rsplit('/', 1)[-1]}:{a.scope}` `{a.fingerprint or '-'}` {status}")
+            cells[patch_id] = "<br>".join(rows) or "-"
+        return "enclosing functions (fingerprint)", cells
 
 
 @dataclass
@@ -96,13 +115,13 @@ class _Judged:
 
 
 def _judge(target: ReleaseTarget, patches: list[Patch] | None = None) -> _Judged:
-    from patch_dsv4.judge import judge, patch_report
+    from patch_dsv4.judge import as_opt_in, judge, patch_report
     from patch_dsv4.registry import discover_patches
 
     patches = discover_patches() if patches is None else patches
     ctx = target.context()
     judgement = judge(ctx, patches)
-    reports = tuple(patch_report(patch, judgement) for patch in patches)
+    reports = as_opt_in(tuple(patch_report(patch, judgement) for patch in patches), patches, set())
     originals = {rel: ctx.read(rel) for rel in judgement.originals}
     return _Judged(patches, ctx, reports, judgement.outcomes, originals)
 
@@ -150,7 +169,8 @@ def drift(target: ReleaseTarget, strict: bool = False, anchors_dir=None) -> Drif
     record = records.get(target.vllm_version)
     if build.known and record is not None:
         for report in judged.reports:
-            was = record["patches"].get(report.id, {}).get("verdict")
+            entry = record["patches"].get(report.id, {})
+            was = "opt-in" if entry.get("opt_in") and entry.get("verdict") == "pending" else entry.get("verdict")
             if was != report.verdict.value:
                 notes.append(
                     f"{report.id}: {report.verdict.value} now, {was or 'no record'} when anchors/ was recorded "
@@ -185,10 +205,17 @@ def drift(target: ReleaseTarget, strict: bool = False, anchors_dir=None) -> Drif
         flashinfer_version=target.flashinfer_version,
         flashinfer_source=target.flashinfer_source,
         patches=judged.reports,
-        state="n/a",
+        state=None,
         exit_code=exit_code,
         summary=summary,
         notes=tuple(notes),
+        build={"known": build.known, "detail": build.detail},
+        next_step=(
+            "review the patch against the changed code (patch-dsv4 drift -v), then re-record: "
+            + anchors_store.RECORD_COMMAND
+            if drifted or (strict and new)
+            else None
+        ),
     )
     return DriftReport(
         report=report,
@@ -213,10 +240,13 @@ def _sha256(target: ReleaseTarget, relpath: str) -> str | None:
 def record(target: ReleaseTarget, wheel_name: str | None = None) -> dict:
     """The anchors/ record of a release: verdicts, fingerprints, and the hash of every file read."""
     judged = _judge(target)
+    opt_in = {p.id for p in judged.patches if p.opt_in}
     patches = {}
     for report in judged.reports:
         patches[report.id] = {
-            "verdict": report.verdict.value,
+            # an opt-in patch is recorded with its verdict as judged (pending where it would apply)
+            "verdict": "pending" if report.verdict is Verdict.OPT_IN else report.verdict.value,
+            "opt_in": report.id in opt_in,
             "anchors": [
                 {"file": edit.file, "scope": str(edit.scope), "verdict": outcome.verdict.value, "fingerprint": fp}
                 for edit, outcome, fp in _fingerprints(judged, report.id)

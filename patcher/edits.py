@@ -133,7 +133,7 @@ class ReplaceStatements(Edit):
         if tree is None:
             return Outcome.not_applicable(f"{self.file} is not part of this release")
         scope = find_scope(tree, self.scope.cls, self.scope.func)
-        where = f"{self.file}:{self.scope}"
+        where = f"{self.file} ({self.scope})"
         if scope is None:
             return Outcome.drifted(f"{self.scope} not found in {self.file}", expected=f"def {self.scope}", found="(absent)")
         helpers_ok, helper_problem = self._helpers_state(tree)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import csv
+import functools
 import hashlib
 import json
 import subprocess
@@ -205,7 +206,7 @@ def _quote(text: str) -> str:
     return shlex.quote(text)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Environment:
     """An environment holding vLLM, as far as patch-dsv4 is concerned."""
 
@@ -214,7 +215,6 @@ class Environment:
     flashinfer_version: str | None
     flashinfer_source: str | None  # "installed" | "pinned" | None
     flashinfer_root: Path | None
-    record: Mapping[str, str] = field(repr=False, compare=False)
     tree: PackageTree = field(repr=False, compare=False)
     target: Target = Target(None)
     interpreter: Interpreter | None = None
@@ -241,6 +241,11 @@ class Environment:
                 return fh.read(32 << 20)
         except OSError:
             return None
+
+    @functools.cached_property
+    def record(self) -> Mapping[str, str]:
+        """pip's RECORD of vLLM (read when first asked for: a fast path never needs it)."""
+        return self.vllm.record()
 
     def recorded_hash(self, relpath: str) -> str | None:
         return self.record.get(relpath)
@@ -302,7 +307,6 @@ def locate_vllm(site_packages: Path | None = None, python: str | None = None) ->
         flashinfer_version=fi_version,
         flashinfer_source=fi_source,
         flashinfer_root=fi_root,
-        record=vllm.record(),
         tree=tree,
         target=target,
         interpreter=interpreter,

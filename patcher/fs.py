@@ -305,6 +305,30 @@ class Dir:
             raise
         self.fsync()
 
+    def create_new(self, name: str, data: bytes, owner: Owner) -> bool:
+        """Create ``name`` with ``data``, complete or not at all, never replacing what is there; whether it did."""
+        tmp, fd = self._create_temp(name)
+        try:
+            try:
+                _write_all(fd, data, name)
+                _apply_owner(fd, owner, owner.mode)
+                checkpoint(f"fsync:{name}")
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            checkpoint(f"link:{name}")
+            try:
+                os.link(tmp, name, src_dir_fd=self.fd, dst_dir_fd=self.fd, follow_symlinks=False)
+            except FileExistsError:
+                return False
+        finally:
+            try:
+                os.unlink(tmp, dir_fd=self.fd)
+            except OSError:
+                pass
+        self.fsync()
+        return True
+
     def unlink(self, name: str, missing_ok: bool = True) -> bool:
         """Remove ``name`` (a file or a link, never followed); whether it was there."""
         checkpoint(f"unlink:{name}")

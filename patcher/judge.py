@@ -142,7 +142,9 @@ def _prove_idempotent(ctx: Context, outcomes: dict[str, list[tuple[Edit, Outcome
 
 
 def edit_reports(pairs: list[tuple[Edit, Outcome]]) -> tuple[EditReport, ...]:
-    return tuple(EditReport(edit.label, edit.file, o.verdict, o.detail, o.expected, o.found) for edit, o in pairs)
+    return tuple(
+        EditReport(edit.label, edit.file, str(edit.scope), o.verdict, o.detail, o.expected, o.found) for edit, o in pairs
+    )
 
 
 def patch_report(patch: Patch, judgement: Judgement, edits: tuple[EditReport, ...] | None = None) -> PatchReport:
@@ -152,3 +154,16 @@ def patch_report(patch: Patch, judgement: Judgement, edits: tuple[EditReport, ..
     focus = [e for e in edits if e.verdict is verdict]
     detail = "; ".join(dict.fromkeys(e.detail for e in focus)) if focus else "no edits"
     return PatchReport(patch.id, patch.title, verdict, judgement.patch_files(patch.id), detail, edits)
+
+
+def as_opt_in(reports: tuple[PatchReport, ...], patches: list[Patch], asked: set[str]) -> tuple[PatchReport, ...]:
+    """An opt-in patch nobody asked for is reported as opt-in, not pending: verify and the guard ignore it."""
+    from dataclasses import replace
+
+    opt = {p.id for p in patches if p.opt_in} - asked
+    return tuple(
+        replace(r, verdict=Verdict.OPT_IN, detail=f"opt-in: apply --with {r.id} to use it ({r.detail})")
+        if r.id in opt and r.verdict is Verdict.PENDING
+        else r
+        for r in reports
+    )

@@ -135,22 +135,3 @@ def discover_examples() -> list[tuple[Patch, Example]]:
 def declared_files(patches: list[Patch]) -> frozenset[str]:
     """Every file the patches edit: the only files a state may name."""
     return frozenset(edit.file for patch in patches for edit in patch.edits)
-
-
-def patch_digest() -> str:
-    """A hash of the patch definitions and the engine that judges them.
-
-    verify's fast path trusts recorded verdicts only if they were made by the
-    same definitions; the package version does not change between commits.
-    """
-    import hashlib
-    from pathlib import Path
-
-    import patch_dsv4
-    import patch_dsv4.patches as patches
-
-    digest = hashlib.sha256(patch_dsv4.__version__.encode())
-    for package in (patch_dsv4, patches):
-        for path in sorted(Path(package.__file__).parent.glob("*.py")):
-            digest.update(path.name.encode() + b"\0" + path.read_bytes())
-    return digest.hexdigest()

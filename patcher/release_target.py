@@ -19,16 +19,15 @@ import re
 import shlex
 import subprocess
 import sys
+import time
 import zipfile
 from dataclasses import dataclass, field
 from email.parser import HeaderParser
 from pathlib import Path
 from typing import Callable, Sequence
 
-from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
-
-from packaging.utils import canonicalize_name
 
 from patch_dsv4.environment import find_distribution, flashinfer_pin, locate_vllm
 from patch_dsv4.errors import EnvironmentProblem
@@ -270,8 +269,17 @@ def cached_wheel(version: str, cache_dir: Path) -> Path | None:
     return None
 
 
-def fetch_wheel(version: str, cache_dir: Path | None = None, pip_options: Sequence[str] = ()) -> tuple[Path, str]:
-    """The wheel of vllm==version: from the cache, else downloaded with pip into it. Returns (path, how)."""
+def fetch_wheel(
+    version: str,
+    cache_dir: Path | None = None,
+    pip_options: Sequence[str] = (),
+    progress: Callable[[str], None] | None = None,
+) -> tuple[Path, str]:
+    """The wheel of vllm==version: from the cache, else downloaded with pip into it. Returns (path, how).
+
+    A download shows pip's own progress when stderr is a terminal, and a line
+    before and after it (what, how big) otherwise.
+    """
     try:
         Version(version)
     except InvalidVersion:
@@ -284,17 +292,23 @@ def fetch_wheel(version: str, cache_dir: Path | None = None, pip_options: Sequen
         return hit, f"cached in {cache_dir}"
     cache_dir.mkdir(parents=True, exist_ok=True)
     extra = [arg for option in pip_options for arg in shlex.split(option)]
+    on_terminal = sys.stderr.isatty()
     command = [
-        sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-        "--disable-pip-version-check", "--quiet", "--dest", str(cache_dir), *extra, f"vllm=={version}",
+        sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check",
+        *([] if on_terminal else ["--quiet"]), "--dest", str(cache_dir), *extra, f"vllm=={version}",
     ]
+    if progress is not None:
+        progress(f"fetching vllm=={version} with pip into {cache_dir} (a vLLM wheel is about 300 MB)")
+    started = time.monotonic()
     try:
-        proc = subprocess.run(command, capture_output=True, text=True, check=False)
+        proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     except OSError as exc:
         raise EnvironmentProblem(f"cannot run pip to fetch vllm=={version}", str(exc), "pass --wheel FILE") from None
-    if proc.returncode != 0:
-        errors = [line for line in proc.stderr.splitlines() if line.startswith("ERROR:")]
-        last = (errors or proc.stderr.strip().splitlines() or ["pip failed without a message"])[-1]
+    tail = _pass_through(proc.stderr, sys.stderr if on_terminal else None)
+    if proc.wait() != 0:
+        lines = tail.decode("utf-8", "replace").splitlines()
+        errors = [line for line in lines if line.startswith("ERROR:")]
+        last = (errors or [line for line in lines if line.strip()] or ["pip failed without a message"])[-1]
         raise EnvironmentProblem(
             f"cannot fetch vllm=={version} with pip",
             last.removeprefix("ERROR: ").strip(),
@@ -305,4 +319,19 @@ def fetch_wheel(version: str, cache_dir: Path | None = None, pip_options: Sequen
         raise EnvironmentProblem(
             f"pip download gave no wheel of vllm=={version}", f"nothing matching in {cache_dir}", "pass --wheel FILE"
         )
+    if progress is not None:
+        progress(f"fetched {hit.name} ({hit.stat().st_size / 1e6:.0f} MB) in {time.monotonic() - started:.0f} s")
     return hit, f"downloaded with pip into {cache_dir}"
+
+
+def _pass_through(source, terminal) -> bytes:
+    """Copy pip's stderr to the terminal as it comes (its progress bar), keeping the last part for errors."""
+    kept = b""
+    while True:
+        chunk = os.read(source.fileno(), 4096)
+        if not chunk:
+            return kept
+        if terminal is not None:
+            terminal.buffer.write(chunk) if hasattr(terminal, "buffer") else terminal.write(chunk.decode("utf-8", "replace"))
+            terminal.flush()
+        kept = (kept + chunk)[-8192:]

@@ -31,12 +31,13 @@ from typing import Callable, Iterable, Iterator
 
 from patch_dsv4.errors import EnvironmentProblem
 from patch_dsv4.fs import Dir, Owner, UnsafePath, checked_relpath, describe, is_temp_name
+from patch_dsv4.quick import READABLE_SCHEMAS
 
 SCHEMA_VERSION = 2
-READABLE_SCHEMAS = (1, 2)  # 1: written by patch-dsv4 before the patch digest was recorded
 STATE_DIR = ".patch-dsv4"
 LOCK_FILE = ".patch-dsv4.lock"
 MANIFEST = "manifest.json"
+SAVED_EDITS = "saved-edits"  # hand edits kept by revert --discard-local-edits: never removed by us
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _VERDICTS = ("applied", "pending", "upstream", "not-applicable", "drifted", "modified", "opt-in")
 FILE_MODE, DIR_MODE = 0o644, 0o755
@@ -130,9 +131,14 @@ def _source_path(rel, what: str) -> str:
 
 def parse_manifest(text: str, declared: Iterable[str], patch_ids: Iterable[str]) -> Manifest:
     """The Manifest in ``text``, checked field by field; ValueError naming the first problem."""
+    return manifest_from_data(json.loads(text), declared, patch_ids)
+
+
+def manifest_from_data(data: object, declared: Iterable[str], patch_ids: Iterable[str]) -> Manifest:
+    """The Manifest of a parsed manifest document, checked field by field; ValueError naming the first problem."""
     declared = frozenset(declared)
     ids = frozenset(patch_ids)
-    data = _obj(json.loads(text), "the manifest")
+    data = _obj(data, "the manifest")
     _expect(data.get("schema") in READABLE_SCHEMAS, f"schema {data.get('schema')!r}, this tool reads {READABLE_SCHEMAS}")
     files = {}
     for rel, entry in _obj(data.get("files"), "files").items():
@@ -151,6 +157,16 @@ def parse_manifest(text: str, declared: Iterable[str], patch_ids: Iterable[str])
         _expect(isinstance(v.get("files"), list), f"verdicts[{pid}].files is not a list")
         for rel in v["files"]:
             _declared(rel, declared, "verdict file")
+        edits = v.get("edits", [])
+        _expect(isinstance(edits, list), f"verdicts[{pid}].edits is not a list")
+        for edit in edits:
+            edit = _obj(edit, f"verdicts[{pid}].edits[]")
+            _declared(edit.get("file"), declared, "verdict edit file")
+            _expect(edit.get("verdict") in _VERDICTS, f"verdicts[{pid}].edits[].verdict is not a verdict")
+            for key in ("label", "scope", "detail"):
+                _str(edit.get(key), f"verdicts[{pid}].edits[].{key}")
+            for key in ("expected", "found"):
+                _str(edit.get(key), f"verdicts[{pid}].edits[].{key}", optional=True)
         verdicts[pid] = v
     inputs = {
         _source_path(rel, "input"): _sha(sha, f"inputs[{rel}]", optional=True)
@@ -309,21 +325,65 @@ class StateStore:
                 elif stat.S_ISREG(st.st_mode) and is_temp_name(name):
                     directory.unlink(name)
 
+    def holds_more_than_saved_edits(self) -> bool:
+        """Whether the state directory holds anything but saved local edits (which never make a state)."""
+        state = self.state_dir()
+        if state is None:
+            return False
+        with state:
+            return any(name != SAVED_EDITS for name in state.names())
+
     def save(self, manifest: Manifest) -> None:
         state = self.state_dir(create=True)
         with state:
             state.write_atomic(MANIFEST, manifest.to_json().encode(), self.owner)
 
     def remove(self) -> None:
-        """Drop the whole state, manifest first, so that a crash never leaves a manifest without its backups."""
+        """Drop the state, manifest first, so a crash never leaves a manifest without its backups.
+
+        Local edits saved by ``revert --discard-local-edits`` are the user's: they stay.
+        """
         state = self.state_dir()
         if state is None:
             return
         with state:
             state.unlink(MANIFEST)
             state.fsync()
+            for name in state.names():
+                if name == SAVED_EDITS:
+                    continue
+                st = state.lstat(name)
+                if st is not None and stat.S_ISDIR(st.st_mode):
+                    state.remove_tree(name)
+                else:
+                    state.unlink(name)
+            keep = state.lstat(SAVED_EDITS) is not None
+        if not keep:
+            with self._site() as site:
+                site.rmdir(STATE_DIR)
+
+    def remove_if_empty(self) -> bool:
+        """Remove a state directory that holds nothing (left by a run killed before it wrote anything)."""
+        state = self.state_dir()
+        if state is None:
+            return False
+        with state:
+            if state.names():
+                return False
         with self._site() as site:
-            site.remove_tree(STATE_DIR)
+            site.rmdir(STATE_DIR)
+        return True
+
+    def save_local_edit(self, relpath: str, data: bytes) -> Path:
+        """Keep a hand-edited file before revert replaces it; where it was saved."""
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        parts = checked_relpath(relpath)
+        state = self.state_dir(create=True)
+        with state:
+            directory = state.walk_to((SAVED_EDITS, stamp, *parts[:-1]), DIR_MODE, self.dir_owner)
+        with directory:
+            directory.write_atomic(parts[-1], data, self.owner)
+        return self.dir_path / SAVED_EDITS / stamp / relpath
 
     def clear_staged(self) -> None:
         state = self.state_dir()
@@ -369,10 +429,7 @@ class StateStore:
         A revert may unlink the file while others wait on it: after taking the
         lock we check that the path still names the file we hold.
         """
-        if not (isinstance(timeout, (int, float)) and math.isfinite(timeout) and timeout >= 0):
-            raise EnvironmentProblem(
-                f"--lock-timeout {timeout} is not a number of seconds", "it must be finite and not negative", "e.g. --lock-timeout 300"
-            )
+        self._check_timeout(timeout)
         deadline = time.monotonic() + timeout
         told = False
         started = time.monotonic()
@@ -390,10 +447,11 @@ class StateStore:
                         told = True
                         on_wait(self._holder(fd))
                     if time.monotonic() >= deadline:
+                        holder = self._holder(fd)
                         os.close(fd)
                         raise EnvironmentProblem(
                             f"lock {self.lock_path} not obtained within {timeout:g} s",
-                            f"held by {self._holder(fd)}",
+                            f"held by {holder}",
                             "wait for it, or raise --lock-timeout",
                         ) from None
                     time.sleep(0.05)
@@ -415,6 +473,50 @@ class StateStore:
             except FileNotFoundError:
                 pass
             os.close(fd)
+
+    @contextmanager
+    def wait_unlocked(self, timeout: float, on_wait: Callable[[str], None] | None = None) -> Iterator[None]:
+        """Wait (up to ``timeout``) until no one holds the lock, creating nothing: a dry run's check.
+
+        The lock file is opened only if it exists, read-only; a run that starts
+        after the check is what a real apply would have waited for too.
+        """
+        self._check_timeout(timeout)
+        deadline = time.monotonic() + timeout
+        started, told = time.monotonic(), False
+        while True:
+            try:
+                fd = os.open(self.lock_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+            except FileNotFoundError:
+                break
+            except OSError as exc:
+                why = "it is a symbolic link" if exc.errno == errno.ELOOP else exc.strerror or str(exc)
+                raise EnvironmentProblem(f"cannot open the lock {self.lock_path}", why, "check the permissions") from None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                break
+            except OSError as exc:
+                if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                    raise
+                holder = self._holder(fd)
+            finally:
+                os.close(fd)
+            if on_wait is not None and not told and time.monotonic() - started >= 1.0:
+                told = True
+                on_wait(holder)
+            if time.monotonic() >= deadline:
+                raise EnvironmentProblem(
+                    f"lock {self.lock_path} not free within {timeout:g} s", f"held by {holder}", "wait for it, or raise --lock-timeout"
+                )
+            time.sleep(0.05)
+        yield
+
+    @staticmethod
+    def _check_timeout(timeout: float) -> None:
+        if not (isinstance(timeout, (int, float)) and math.isfinite(timeout) and timeout >= 0):
+            raise EnvironmentProblem(
+                f"--lock-timeout {timeout} is not a number of seconds", "it must be finite and not negative", "e.g. --lock-timeout 300"
+            )
 
     def _open_lock(self) -> int:
         flags = os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK

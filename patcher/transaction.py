@@ -127,7 +127,6 @@ def write_apply(
             raise WriteFailed(f"cannot patch {relpath}", "it vanished while we planned")
         targets.append(_target(env, relpath, old, new))
     new_backups = [t for t in targets if previous is None or t.relpath not in previous.files]
-    state_existed = store.exists()
     journal = copy.deepcopy(manifest)
     journal.transaction = {
         "op": "apply",
@@ -149,7 +148,7 @@ def write_apply(
         current = "the journal"
         store.save(journal)
     except (OSError, UnsafePath) as exc:
-        undone = _undo_prepare(store, previous, state_existed, new_backups)
+        undone = _undo_prepare(store, previous, new_backups)
         raise _failure("write", current, exc, undone, env) from None
 
     done: list[_Target] = []
@@ -161,7 +160,7 @@ def write_apply(
         current = "the manifest"
         store.save(manifest)
     except (OSError, UnsafePath) as exc:
-        undone = _put_back(env, done, lambda t: t.old) and _undo_prepare(store, previous, state_existed, new_backups)
+        undone = _put_back(env, done, lambda t: t.old) and _undo_prepare(store, previous, new_backups)
         raise _failure("write", current, exc, undone, env) from None
     try:
         store.clear_staged()
@@ -169,14 +168,13 @@ def write_apply(
         pass  # the next run's recovery removes leftover staged copies; the apply itself is complete
 
 
-def _undo_prepare(store: StateStore, previous: Manifest | None, state_existed: bool, new_backups) -> bool:
+def _undo_prepare(store: StateStore, previous: Manifest | None, new_backups) -> bool:
     """Put the state back as it was before the apply; whether that worked."""
     try:
-        if not state_existed:
+        if previous is None:
             store.remove()
             return True
-        if previous is not None:
-            store.save(previous)
+        store.save(previous)
         for t in new_backups:
             store.remove_copy("backups", t.relpath)
         store.clear_staged()
@@ -250,7 +248,7 @@ def recover(env: Environment, store: StateStore) -> list[str]:
     for relpath in store.declared:
         _remove_stray_temps(env, relpath)
     if manifest is None:
-        if store.exists():
+        if store.holds_more_than_saved_edits():
             _drop_orphan_state(env, store)
             notes.append("removed the state an interrupted first apply left before its journal")
         return notes

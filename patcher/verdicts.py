@@ -13,6 +13,7 @@ class Verdict(str, enum.Enum):
     NOT_APPLICABLE = "not-applicable"
     DRIFTED = "drifted"
     MODIFIED = "modified"
+    OPT_IN = "opt-in"  # an opt-in patch this environment has not asked for (apply --with ID)
 
     @property
     def needs_action(self) -> bool:
@@ -51,18 +52,43 @@ class Outcome:
 class EditReport:
     label: str
     file: str
+    scope: str
     verdict: Verdict
     detail: str
     expected: str | None = None
     found: str | None = None
 
     def to_json(self) -> dict:
-        data = {"label": self.label, "file": self.file, "verdict": self.verdict.value, "detail": self.detail}
-        if self.expected is not None:
-            data["expected"] = self.expected
-        if self.found is not None:
-            data["found"] = self.found
-        return data
+        return {
+            "label": self.label,
+            "file": self.file,
+            "scope": self.scope,
+            "verdict": self.verdict.value,
+            "detail": self.detail,
+            "expected": self.expected,
+            "found": self.found,
+        }
+
+
+def summary_line(command: str, reports: "tuple[PatchReport, ...]", extra: str = "") -> str:
+    """The closing line of a report: the verdicts counted, and what was done."""
+    counts: dict[str, int] = {}
+    for r in reports:
+        counts[r.verdict.value] = counts.get(r.verdict.value, 0) + 1
+    text = ", ".join(f"{n} {v}" for v, n in counts.items()) or "no patches"
+    return f"{command}: {text}" + (f"; {extra}" if extra else "")
+
+
+def next_step(target_args: str, bad: "list[PatchReport]") -> str | None:
+    """The one command that resolves the patches ``bad`` lists, naming the target as the user did."""
+    verdicts = {r.verdict for r in bad}
+    if not verdicts:
+        return None
+    if Verdict.MODIFIED in verdicts:
+        return f"patch-dsv4 revert --discard-local-edits{target_args} (your edit is saved first), then apply"
+    if Verdict.DRIFTED in verdicts:
+        return f"patch-dsv4 status -v{target_args} (a patch no longer matches this vLLM: do not serve it)"
+    return f"patch-dsv4 apply{target_args}"
 
 
 def combine(verdicts: list[Verdict]) -> Verdict:
@@ -93,17 +119,21 @@ class PatchReport:
         }
 
 
+#: The version of the JSON documents every command writes (README, "JSON output"; patcher/report.schema.json).
+JSON_SCHEMA = 1
+
+
 @dataclass(frozen=True)
 class Report:
-    """What one command found and did in one environment."""
+    """What one command found and did in one environment (or, for drift, one release)."""
 
     command: str
-    target: str
+    target: str | None
     vllm_version: str | None
     flashinfer_version: str | None
     flashinfer_source: str | None
     patches: tuple[PatchReport, ...]
-    state: str  # "none" | "current" | "stale"
+    state: str | None  # "none" | "current" | "stale" | "interrupted"; None where there is no environment (drift)
     exit_code: int
     summary: str
     changed_files: tuple[str, ...] = ()
@@ -111,23 +141,41 @@ class Report:
     notes: tuple[str, ...] = field(default_factory=tuple)
     build: dict | None = None  # {"known": bool, "detail": str}: is this a release recorded in anchors/?
     next_step: str | None = None  # the command that resolves what failed, with the same target
+    backups: str | None = None  # the directory holding the backups, when there is a state
+    saved_edits: tuple[str, ...] = ()  # where revert --discard-local-edits saved hand-edited files
 
     def to_json(self) -> dict:
-        data = {
+        """The document of status, verify, apply and revert: the same keys on every path."""
+        return {
+            "schema": JSON_SCHEMA,
             "command": self.command,
+            "exit_code": self.exit_code,
+            "error": None,
             "target": self.target,
             "vllm_version": self.vllm_version,
             "flashinfer_version": self.flashinfer_version,
             "flashinfer_source": self.flashinfer_source,
+            "build": self.build,
             "state": self.state,
             "patches": [p.to_json() for p in self.patches],
             "changed_files": list(self.changed_files),
+            "backups": self.backups,
+            "saved_edits": list(self.saved_edits),
+            "diff": self.diff,
             "notes": list(self.notes),
-            "exit_code": self.exit_code,
+            "next": self.next_step,
             "summary": self.summary,
         }
-        if self.diff is not None:
-            data["diff"] = self.diff
-        if self.build is not None:
-            data["build"] = self.build
-        return data
+
+
+def error_document(command: str, message: str, exit_code: int) -> dict:
+    """An error in the command's own document: every key present and empty, ``error`` and ``summary`` set."""
+    if command == "list":
+        empty = {"patches": []}
+    elif command == "doctor":
+        empty = {"target": None, "vllm_version": None, "pack": None, "checks": [], "config_fix": None, "summary": message}
+    else:
+        empty = Report(command, None, None, None, None, (), None, exit_code, message).to_json()
+        if command == "drift":
+            empty.update(release=None, choices=[], flashinfer_given=False, files_read=[], strict=False)
+    return {**empty, "schema": JSON_SCHEMA, "command": command, "exit_code": exit_code, "error": message}

@@ -118,8 +118,8 @@ def _upstream_checks_dtype(cls: str):
         op = find_scope(op_tree, None, SHARED_OP) if op_tree is not None else None
         if op is not None and _compares_wo_a_dtype_with_fp8(op):
             return Outcome.upstream(
-                f"{O_PROJ}: {SHARED_OP} checks wo_a.weight.dtype == torch.float8_e4m3fn and has a BF16 path; "
-                f"{cls}._o_proj routes through it"
+                f"{O_PROJ}: {SHARED_OP}, which the attention classes call, takes a BF16 path "
+                "when wo_a.weight.dtype is not torch.float8_e4m3fn"
             )
         return None
 

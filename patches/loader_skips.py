@@ -180,7 +180,7 @@ def _upstream_draft_gate_bias(ctx: Context, tree: ast.Module | None) -> Outcome 
         for node in tree.body
     )
     if evidence and reuses_target_layers:
-        return Outcome.upstream(f"{evidence}; {DSPARK} builds its layers from that DeepseekV4DecoderLayer")
+        return Outcome.upstream(f"{DSPARK} builds its layers from DeepseekV4DecoderLayer, whose MoE has both biases")
     return None
 
 

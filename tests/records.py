@@ -15,5 +15,5 @@ def recorded_verdict(version: str, patch_id: str) -> str:
 
 
 def releases_needing(patch_id: str) -> list[str]:
-    """The recorded releases on which ``patch_id`` is pending (with the FlashInfer each pins)."""
+    """The recorded releases on which ``patch_id`` is pending (with the FlashInfer each pins; opt-in patches too)."""
     return [v for v in anchors_store.recorded_versions() if recorded_verdict(v, patch_id) == "pending"]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import libcst as cst
 
-from tests.releases import DSV4, _cache_lock, cache_dir, copy_tree, pristine_tree, rewrite_record
+from tests.releases import DSV4, cache_lock, cache_dir, copy_tree, pristine_tree, rewrite_record
 
 COMMENT = "# reformatted copy: a comment line that changes nothing"
 
@@ -70,7 +70,7 @@ def reformatted_tree(version: str) -> Path:
     target = cache_dir() / "trees" / f"vllm-{version}-reformatted"
     if (target / ".complete").exists():
         return target
-    with _cache_lock(f"reformatted-{version}"):
+    with cache_lock(f"reformatted-{version}"):
         if (target / ".complete").exists():
             return target
         partial = target.with_name(target.name + ".partial")

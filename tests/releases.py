@@ -42,7 +42,7 @@ def cache_dir() -> Path:
 
 
 @contextmanager
-def _cache_lock(name: str):
+def cache_lock(name: str):
     path = cache_dir() / f".{name}.lock"
     with open(path, "w") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
@@ -61,7 +61,7 @@ def wheel(project: str, version: str) -> Path:
 
     if (hit := find()) is not None:
         return hit
-    with _cache_lock(f"wheel-{prefix}-{version}"):
+    with cache_lock(f"wheel-{prefix}-{version}"):
         if (hit := find()) is not None:
             return hit
         subprocess.run(
@@ -79,7 +79,7 @@ def pristine_tree(version: str) -> Path:
     if (target / ".complete").exists():
         return target
     whl = wheel("vllm", version)
-    with _cache_lock(f"tree-{version}"):
+    with cache_lock(f"tree-{version}"):
         if (target / ".complete").exists():
             return target
         partial = target.with_name(target.name + ".partial")
@@ -141,6 +141,14 @@ def wheel_file(version: str, relpath: str) -> bytes:
     """A file's bytes exactly as the vLLM wheel ships it."""
     with zipfile.ZipFile(wheel("vllm", version)) as zf:
         return zf.read(relpath)
+
+
+def install_flashinfer_sources(tree: Path, version: str) -> None:
+    """The dist-info and the SM120 kernel sources of a FlashInfer wheel, laid out in ``tree`` as pip would."""
+    with zipfile.ZipFile(wheel("flashinfer-python", version)) as zf:
+        for name in zf.namelist():
+            if ".dist-info/" in name or (name.startswith("flashinfer/data/csrc/") and "sparse_mla_sm120" in name):
+                zf.extract(name, tree)
 
 
 def rewrite_record(tree: Path, changed: list[str]) -> None:

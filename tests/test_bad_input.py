@@ -213,13 +213,13 @@ def test_drift_source_reads_an_undecodable_file_as_present(make_tree, cli):
 
 # -- verify's fast path ---------------------------------------------------------------------
 def test_verify_fast_path_is_keyed_by_the_patch_definitions(make_tree, cli, monkeypatch):
-    from patch_dsv4 import commands
+    from patch_dsv4 import quick
 
     tree = make_tree("0.30.0")
     assert cli("apply", "--site-packages", tree).code == 0
     fast = cli("verify", "--site-packages", tree, "--json")
     assert fast.code == 0 and "hashes match" in fast.json()["summary"]
-    monkeypatch.setattr(commands, "patch_digest", lambda: "another definition of the patches")
+    monkeypatch.setattr(quick, "patch_digest", lambda: "another definition of the patches")
     slow = cli("verify", "--site-packages", tree, "--json")
     assert slow.code == 0 and "hashes match" not in slow.json()["summary"]
 

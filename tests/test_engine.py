@@ -201,7 +201,7 @@ def test_injected_constructor_call_binds_to_the_release(version, problem, make_t
     assert check_injected(context_for(env), "vllm/models/deepseek_v4/nvidia/model.py", [fits], {"self"}) == []
 
 
-def test_status_tells_known_builds_from_unknown_ones(make_tree, cli):
+def test_status_tells_builds_from_unknown_ones(make_tree, cli):
     tree = make_tree("0.30.0")
     build = cli("status", "--site-packages", tree, "--json").json()["build"]
     assert build["known"] is True and "anchors/vllm-0.30.0.json" in build["detail"]

@@ -23,8 +23,8 @@ def test_upstream_names_its_evidence(version, make_tree, cli):
     vision, target, draft = patch["edits"]
     assert (vision["file"], target["file"], draft["file"]) == (MODEL, MODEL, DSPARK)
     assert VL_MODEL in vision["detail"] and "DeepseekV4ForConditionalGeneration" in vision["detail"]
-    for edit in (target, draft):
-        assert "DeepseekV4MoE.__init__ creates gate.bias_vl" in edit["detail"], edit
+    assert "DeepseekV4MoE.__init__ creates gate.bias_vl" in target["detail"], target
+    assert DSPARK in draft["detail"] and "DeepseekV4DecoderLayer" in draft["detail"], draft
 
 
 @pytest.mark.parametrize("reformatted", [False, True], ids=["pristine", "reformatted"])

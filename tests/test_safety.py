@@ -47,7 +47,7 @@ def _rank(args, start, judged, fired, index, devnull):
     os._exit(main(args))
 
 
-def _run_ranks(tree: Path, n: int = 8) -> tuple[list[int], int]:
+def run_ranks(tree: Path, n: int = 8) -> tuple[list[int], int]:
     """Exit codes of ``n`` ranks applying at once, and how many of them reached the overlap point."""
     ctx = multiprocessing.get_context("fork")
     start, judged, fired = ctx.Barrier(n), ctx.Barrier(n), ctx.Value("i", 0)
@@ -65,7 +65,7 @@ def _run_ranks(tree: Path, n: int = 8) -> tuple[list[int], int]:
 def test_eight_ranks_apply_at_once(make_tree, cli):
     tree = make_tree("0.30.0")
     original = content_snapshot(tree)
-    codes, fired = _run_ranks(tree)
+    codes, fired = run_ranks(tree)
     assert codes == [0] * 8
     assert fired == 8, "the overlap hook did not fire in every rank: nothing was tested"
     assert cli("verify", "--site-packages", tree).code == 0

@@ -16,7 +16,9 @@ from patch_dsv4.patches import wide_swa
 from patch_dsv4.patches.wide_swa import FLASHINFER_SPARSE, SM120_CLASS
 from patch_dsv4.edits import helper_source
 from tests.records import recorded_verdict
-from tests.releases import PINNED_FLASHINFER, RELEASES, hand_edit, rewrite_record, stat_snapshot, wheel
+from tests.releases import (
+    PINNED_FLASHINFER, RELEASES, hand_edit, install_flashinfer_sources, rewrite_record, stat_snapshot, wheel,
+)
 
 PREFIX = "_patch_dsv4_wide_swa_"
 #: FlashInfer releases whose dual-cache prefill takes 128-wide rows: the sliced path's API.
@@ -38,14 +40,6 @@ def test_evidence_names_the_flashinfer_it_judged(version, make_tree, cli):
 
 
 # -- installed FlashInfer: judged by the kernel source its wheel ships ---------------
-def _install_flashinfer_sources(tree, version: str) -> None:
-    """The dist-info and the SM120 kernel sources of a FlashInfer wheel, as pip would lay them out."""
-    with zipfile.ZipFile(wheel("flashinfer-python", version)) as zf:
-        for name in zf.namelist():
-            if ".dist-info/" in name or (name.startswith("flashinfer/data/csrc/") and "sparse_mla_sm120" in name):
-                zf.extract(name, tree)
-
-
 @pytest.mark.parametrize(
     "version,flashinfer,expected",
     [
@@ -57,7 +51,7 @@ def _install_flashinfer_sources(tree, version: str) -> None:
 )
 def test_verdict_with_installed_flashinfer(version, flashinfer, expected, make_tree, cli):
     tree = make_tree(version)
-    _install_flashinfer_sources(tree, flashinfer)
+    install_flashinfer_sources(tree, flashinfer)
     result = cli("status", "--site-packages", tree, "--json")
     assert result.code == 0, result.stderr
     assert (result.json()["flashinfer_version"], result.json()["flashinfer_source"]) == (flashinfer, "installed")
@@ -71,7 +65,7 @@ def test_flashinfer_upgraded_after_patching_keeps_our_edit_applied(make_tree, cl
     """Our code stays (its run-time gate now takes the kernel's path): applied, not upstream."""
     tree = make_tree("0.30.0")
     assert cli("apply", "--site-packages", tree).code == 0
-    _install_flashinfer_sources(tree, "0.7.0.post1")
+    install_flashinfer_sources(tree, "0.7.0.post1")
     result = cli("verify", "--site-packages", tree, "--json")
     assert result.json()["flashinfer_source"] == "installed"
     assert result.patch("wide-swa")["verdict"] == "applied"

@@ -1,0 +1,325 @@
+"""The Typer command line: options in, a report rendered out. The work is in patch_dsv4.commands.
+
+Imported only when a command needs it (``patch_dsv4.cli`` answers ``verify``
+on an applied tree without Typer).
+"""
+
+from __future__ import annotations
+
+import enum
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from patch_dsv4 import __version__
+from patch_dsv4.errors import PatcherError
+
+app = typer.Typer(
+    name="patch-dsv4",
+    help="Apply, verify and revert the vLLM DeepSeek-V4 edits that DeepSeek-V4-Flash-Vision packs need.",
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+    no_args_is_help=True,
+)
+
+
+class Format(str, enum.Enum):
+    table = "table"
+    json = "json"
+    markdown = "markdown"
+
+
+SitePackages = typer.Option(
+    None, "--site-packages", help="A directory holding vllm/ and its dist-info (e.g. a pip --target dir)."
+)
+Python = typer.Option(None, "--python", help="Act on the environment of this Python interpreter.")
+FormatOption = typer.Option(Format.table, "--format", help="How to write the report.")
+JsonFlag = typer.Option(False, "--json", help="Short for --format json: one JSON document on stdout.")
+Verbose = typer.Option(False, "-v", "--verbose", help="Show the evidence of every verdict.")
+Quiet = typer.Option(False, "-q", "--quiet", help="Print only the closing line (and errors).")
+LockTimeout = typer.Option(300.0, "--lock-timeout", help="Seconds to wait for the environment's lock.")
+
+
+def _format(fmt: Format, as_json: bool) -> str:
+    return "json" if as_json else fmt.value
+
+
+def _verbosity(verbose: bool, quiet: bool) -> int:
+    return -1 if quiet else (1 if verbose else 0)
+
+
+def _environment(site_packages: Optional[Path], python: Optional[str]):
+    from patch_dsv4.environment import locate_vllm
+
+    return locate_vllm(site_packages, python)
+
+
+def _say(message: str) -> None:
+    """A progress line for a person, on stderr (stdout holds the report)."""
+    sys.stderr.write(f"patch-dsv4: {message}\n")
+    sys.stderr.flush()
+
+
+def _lock_wait(holder: str) -> None:
+    _say(f"waiting for the environment's lock, held by {holder}")
+
+
+def _finish(document, fmt: str, verbosity: int = 0) -> None:
+    """Render a report (or a drift report); on failure, say on stderr what failed and the command to run."""
+    from patch_dsv4.render import render, write_failure
+
+    report = getattr(document, "report", document)
+    render(document, fmt, verbosity)
+    if report.exit_code:  # stderr, so also beside --json
+        write_failure(report)
+    raise typer.Exit(report.exit_code)
+
+
+@app.command("list")
+def list_patches(fmt: Format = FormatOption, as_json: bool = JsonFlag) -> None:
+    """The patches: what each fixes, why, and where."""
+    from patch_dsv4.registry import discover_patches
+    from patch_dsv4.render import write_json
+    from patch_dsv4.verdicts import JSON_SCHEMA
+
+    patches = discover_patches()
+    fmt_name = _format(fmt, as_json)
+    if fmt_name == "json":
+        data = [
+            {"id": p.id, "title": p.title, "why": p.why(), "opt_in": p.opt_in, "files": list(p.files())} for p in patches
+        ]
+        write_json({"schema": JSON_SCHEMA, "command": "list", "exit_code": 0, "error": None, "patches": data})
+        return
+    for p in patches:
+        opt = " (opt-in: apply --with " + p.id + ")" if p.opt_in else ""
+        if fmt_name == "markdown":
+            sys.stdout.write(f"### `{p.id}`: {p.title}{opt}\n\n{p.why()}\n\n")
+        else:
+            sys.stdout.write(f"{p.id}: {p.title}{opt}\n\n")
+            sys.stdout.write("".join(f"    {line}\n" if line else "\n" for line in p.why().splitlines()) + "\n")
+    if fmt_name != "markdown":
+        sys.stdout.write(f"{len(patches)} patches\n")
+
+
+@app.command()
+def status(
+    site_packages: Optional[Path] = SitePackages,
+    python: Optional[str] = Python,
+    fmt: Format = FormatOption,
+    as_json: bool = JsonFlag,
+    verbose: bool = Verbose,
+    quiet: bool = Quiet,
+) -> None:
+    """A verdict per patch for this environment."""
+    from patch_dsv4 import commands
+
+    _finish(commands.status(_environment(site_packages, python)), _format(fmt, as_json), _verbosity(verbose, quiet))
+
+
+@app.command()
+def apply(
+    site_packages: Optional[Path] = SitePackages,
+    python: Optional[str] = Python,
+    only: Optional[List[str]] = typer.Option(None, "--only", help="Apply only this patch id (repeatable)."),
+    with_: Optional[List[str]] = typer.Option(
+        None, "--with", help="Also apply this opt-in patch, and keep it from now on (repeatable)."
+    ),
+    dry_run: bool = typer.Option(
+        False, "--dry-run", help="Run every check; print the unified diff on stdout (all else on stderr); write nothing."
+    ),
+    force: bool = typer.Option(False, "--force", help="Patch (and judge from) files that differ from their RECORD hash."),
+    lock_timeout: float = LockTimeout,
+    fmt: Format = FormatOption,
+    as_json: bool = JsonFlag,
+    verbose: bool = Verbose,
+    quiet: bool = Quiet,
+) -> None:
+    """Apply every patch this environment needs (all files or none)."""
+    from patch_dsv4 import commands
+
+    env = _environment(site_packages, python)
+    report = commands.apply(
+        env, only=only, with_=with_, force=force, dry_run=dry_run, lock_timeout=lock_timeout, on_wait=_lock_wait
+    )
+    _finish(report, _format(fmt, as_json), _verbosity(verbose, quiet))
+
+
+@app.command()
+def verify(
+    site_packages: Optional[Path] = SitePackages,
+    python: Optional[str] = Python,
+    fmt: Format = FormatOption,
+    as_json: bool = JsonFlag,
+    verbose: bool = Verbose,
+    quiet: bool = Quiet,
+) -> None:
+    """CI gate: exit 0 only if every patch this environment needs is applied and intact."""
+    from patch_dsv4 import commands
+
+    _finish(commands.verify(_environment(site_packages, python)), _format(fmt, as_json), _verbosity(verbose, quiet))
+
+
+@app.command()
+def revert(
+    site_packages: Optional[Path] = SitePackages,
+    python: Optional[str] = Python,
+    discard_local_edits: bool = typer.Option(
+        False,
+        "--discard-local-edits",
+        help="Also restore files changed since we patched them; each edited file is saved in the state first.",
+    ),
+    lock_timeout: float = LockTimeout,
+    fmt: Format = FormatOption,
+    as_json: bool = JsonFlag,
+    verbose: bool = Verbose,
+    quiet: bool = Quiet,
+) -> None:
+    """Restore every file we patched, byte for byte, and remove the state."""
+    from patch_dsv4 import commands
+
+    env = _environment(site_packages, python)
+    report = commands.revert(env, lock_timeout=lock_timeout, discard_local_edits=discard_local_edits, on_wait=_lock_wait)
+    _finish(report, _format(fmt, as_json), _verbosity(verbose, quiet))
+
+
+@app.command()
+def doctor(
+    site_packages: Optional[Path] = SitePackages,
+    python: Optional[str] = Python,
+    pack: Optional[Path] = typer.Option(None, "--pack", help="The pack directory (config.json and the shards)."),
+    serve_args: Optional[str] = typer.Option(
+        None, "--serve-args", help='The intended vllm serve arguments, e.g. "--tensor-parallel-size 8 --max-model-len 65536".'
+    ),
+    fix_config: bool = typer.Option(
+        False, "--fix-config", help="Write the config.json edits the failing rows ask for (the original is kept)."
+    ),
+    fmt: Format = FormatOption,
+    as_json: bool = JsonFlag,
+    verbose: bool = Verbose,
+    quiet: bool = Quiet,
+) -> None:
+    """Will this environment serve this pack? Checked from files, before a 95 GB load."""
+    from patch_dsv4.doctor.run import doctor_command
+
+    code = doctor_command(site_packages, python, pack, serve_args, fix_config, _format(fmt, as_json),
+                          _verbosity(verbose, quiet))
+    raise typer.Exit(code)
+
+
+# -- drift and anchors: judge a release without installing it ----------------------------
+CacheDir = typer.Option(None, "--cache-dir", help="Where fetched wheels are kept (default ~/.cache/patch-dsv4/wheels).")
+PipOption = typer.Option(None, "--pip-option", help="Pass this option to pip download (repeatable), e.g. --pip-option=--pre.")
+
+
+def _release_target(vllm_version, wheel, source, flashinfer_version, cache_dir, pip_options):
+    from patch_dsv4 import release_target as rt
+
+    if wheel is not None and (source is not None or vllm_version is not None):
+        raise PatcherError("--wheel takes no --source or --vllm-version", "the wheel names its release", "pass one of them")
+    if wheel is not None:
+        return rt.open_wheel(wheel, flashinfer_version)
+    if source is not None:
+        return rt.open_source(source, vllm_version, flashinfer_version)
+    if vllm_version is None:
+        raise PatcherError("no release to judge", "", "pass --vllm-version X, --wheel FILE or --source DIR")
+    path, how = rt.fetch_wheel(vllm_version, cache_dir, pip_options or (), progress=_say)
+    target = rt.open_wheel(path, flashinfer_version)
+    target.notes.insert(0, f"wheel {path.name} {how}")
+    return target
+
+
+@app.command()
+def drift(
+    vllm_version: Optional[str] = typer.Option(
+        None, "--vllm-version", help="Fetch this release's wheel with pip (with --source: that tree's version)."
+    ),
+    wheel: Optional[Path] = typer.Option(None, "--wheel", help="Judge this vLLM wheel file."),
+    source: Optional[Path] = typer.Option(None, "--source", help="Judge this source tree (the directory holding vllm/)."),
+    flashinfer_version: Optional[str] = typer.Option(
+        None, "--flashinfer-version", help="Judge with this FlashInfer release instead of the one vLLM pins."
+    ),
+    strict: bool = typer.Option(False, "--strict", help="Also exit 1 on a new (unrecorded) fingerprint."),
+    cache_dir: Optional[Path] = CacheDir,
+    pip_options: Optional[List[str]] = PipOption,
+    fmt: Format = FormatOption,
+    as_json: bool = JsonFlag,
+    verbose: bool = Verbose,
+    quiet: bool = Quiet,
+) -> None:
+    """Judge a vLLM release without installing it: per patch, its verdict and its anchors' fingerprints."""
+    from patch_dsv4.drift import drift as judge_drift
+
+    with _release_target(vllm_version, wheel, source, flashinfer_version, cache_dir, pip_options) as target:
+        report = judge_drift(target, strict=strict)
+    _finish(report, _format(fmt, as_json), _verbosity(verbose, quiet))
+
+
+anchors_app = typer.Typer(help="The recorded anchors of known vLLM releases (anchors/*.json).", no_args_is_help=True)
+app.add_typer(anchors_app, name="anchors")
+
+
+@anchors_app.command("record")
+def anchors_record(
+    vllm_versions: Optional[List[str]] = typer.Option(None, "--vllm-version", help="Record this release (repeatable)."),
+    record_all: bool = typer.Option(False, "--all", help="Re-record every release anchors/ already holds."),
+    cache_dir: Optional[Path] = CacheDir,
+    pip_options: Optional[List[str]] = PipOption,
+    out: Optional[Path] = typer.Option(None, "--out", help="Write here instead of the anchors/ package directory."),
+    check: bool = typer.Option(False, "--check", help="Write nothing; exit 1 if a record differs from a fresh one."),
+) -> None:
+    """Maintainers: record each release's verdicts, fingerprints and file hashes from its real wheel."""
+    from patch_dsv4 import anchors_store
+    from patch_dsv4.drift import record
+    from patch_dsv4.release_target import fetch_wheel, open_wheel
+
+    versions = list(vllm_versions or [])
+    if record_all:
+        versions += [v for v in anchors_store.recorded_versions(out) if v not in versions]
+    if not versions:
+        raise PatcherError("no release to record", "", "pass --vllm-version X (repeatable) or --all")
+    stale = []
+    for number, version in enumerate(versions, 1):
+        _say(f"vLLM {version} ({number} of {len(versions)})")
+        path, _how = fetch_wheel(version, cache_dir, pip_options or (), progress=_say)
+        with open_wheel(path) as target:
+            if target.vllm_version != version:
+                raise PatcherError(f"{path.name} is vLLM {target.vllm_version}, not {version}", "", "clear the cache")
+            fresh = record(target, wheel_name=path.name)
+        current = anchors_store.load(version, out)
+        same = current is not None and anchors_store.dumps(current) == anchors_store.dumps(fresh)
+        if check:
+            if not same:
+                stale.append(version)
+            sys.stdout.write(f"vLLM {version}: {'up to date' if same else 'differs from a fresh record'}\n")
+            continue
+        written = anchors_store.write(fresh, out)
+        sys.stdout.write(f"vLLM {version}: {'unchanged' if same else 'recorded'} {written}\n")
+    if stale:
+        sys.stdout.write(f"anchors record --check: {len(stale)} stale; re-record: {anchors_store.RECORD_COMMAND}\n")
+        raise typer.Exit(1)
+
+
+def _version_callback(value: bool) -> None:
+    if value:
+        sys.stdout.write(f"patch-dsv4 {__version__}\n")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_version_callback, is_eager=True, help="Show the version."),
+) -> None:
+    pass
+
+
+def run(args: list[str]) -> int:
+    """Run the command line; PatcherError and usage errors propagate to patch_dsv4.cli, which prints them."""
+    command = typer.main.get_command(app)
+    try:
+        code = command.main(args=args, prog_name="patch-dsv4", standalone_mode=False)
+    except typer.Exit as exc:
+        return getattr(exc, "exit_code", 0)
+    return code if isinstance(code, int) else 0

@@ -1,0 +1,345 @@
+"""The fast path: are the recorded verdicts still true here? Hashes only, no judging.
+
+Shared by ``verify`` on an applied tree and by the serve guard, which runs in
+every vLLM process: it imports nothing heavy (no libcst, Typer, rich,
+importlib.metadata or packaging), reads the dist-info files directly, and
+answers None whenever it cannot vouch for the recorded verdicts; the caller
+then judges the tree in full.
+
+Recorded verdicts stand only if they were made by these patch definitions (a
+digest of the patch and engine sources), for this vLLM and FlashInfer, from
+files that all hash as they did, on a build that is a release recorded in
+anchors/ and whose needed edits (per that record) are exactly the files the
+state says we wrote.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import posixpath
+import re
+import stat
+from dataclasses import dataclass
+
+STATE_DIR = ".patch-dsv4"
+MANIFEST = "manifest.json"
+#: Manifest schemas this version reads (1: written before the patch digest was recorded).
+READABLE_SCHEMAS = (1, 2)
+_SOURCE_LIMIT = 32 << 20
+_NAME_RE = re.compile(r"[-_.]+")
+
+
+def quote(text: str) -> str:
+    """A shell word (shlex.quote, without importing shlex for it)."""
+    if text and re.fullmatch(r"[\w@%+=:,./-]+", text):
+        return text
+    return "'" + text.replace("'", "'\"'\"'") + "'"
+
+
+def canonical(name: str) -> str:
+    return _NAME_RE.sub("-", name).lower()
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    name: str
+    version: str
+    root: str  # the directory holding the dist-info (and the package)
+    metadata: str
+
+
+def _metadata_headers(text: str) -> dict[str, list[str]]:
+    headers: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            break
+        key, sep, value = line.partition(":")
+        if sep and not line[0].isspace():
+            headers.setdefault(key.strip().lower(), []).append(value.strip())
+    return headers
+
+
+def find_dist(name: str, search_path: list[str]) -> DistInfo | None | bool:
+    """The first dist-info of ``name`` on ``search_path``; False when a directory holds several (ambiguous)."""
+    wanted = canonical(name)
+    for entry in search_path:
+        try:
+            names = os.listdir(entry)
+        except OSError:
+            continue
+        found = []
+        for dist_info in names:
+            if dist_info.endswith(".dist-info") and canonical(dist_info[: -len(".dist-info")].rpartition("-")[0]) == wanted:
+                try:
+                    with open(os.path.join(entry, dist_info, "METADATA"), encoding="utf-8") as fh:
+                        text = fh.read(1 << 20)
+                except (OSError, UnicodeDecodeError):
+                    return False
+                headers = _metadata_headers(text)
+                if canonical((headers.get("name") or [""])[0]) == wanted and headers.get("version"):
+                    found.append(DistInfo(wanted, headers["version"][0], entry, text))
+        if len(found) == 1:
+            return found[0]
+        if found:
+            return False
+    return None
+
+
+_PIN_RE = re.compile(r"^flashinfer[-_.]python\s*\(?\s*==\s*([A-Za-z0-9.+!_-]+)\s*\)?\s*$", re.I)
+
+
+def pinned_flashinfer(metadata: str) -> str | None | bool:
+    """vLLM's ``flashinfer-python==X`` pin; False when the pin has a marker this reader will not judge."""
+    for requirement in _metadata_headers(metadata).get("requires-dist", []):
+        spec, _, marker = requirement.partition(";")
+        if not canonical(spec.split("=")[0].split("(")[0].strip()).startswith("flashinfer-python"):
+            continue
+        found = _PIN_RE.match(spec.strip())
+        if found is None:
+            return False
+        if marker.strip():
+            return False
+        return found.group(1)
+    return None
+
+
+@dataclass(frozen=True)
+class Site:
+    """The installed vLLM (and FlashInfer) as the fast path sees it."""
+
+    site_packages: str
+    vllm_version: str
+    flashinfer_version: str | None
+    flashinfer_source: str | None
+
+
+def locate(search_path: list[str]) -> Site | None:
+    """vLLM and FlashInfer on ``search_path``, read from dist-info files; None when anything is unusual."""
+    vllm = find_dist("vllm", search_path)
+    if not vllm or not os.path.isdir(os.path.join(vllm.root, "vllm")):
+        return None
+    flashinfer = find_dist("flashinfer-python", [vllm.root, *search_path])
+    if flashinfer is False:
+        return None
+    if flashinfer is not None:
+        return Site(vllm.root, vllm.version, flashinfer.version, "installed")
+    pin = pinned_flashinfer(vllm.metadata)
+    if pin is False:
+        return None
+    return Site(vllm.root, vllm.version, pin, "pinned" if pin else None)
+
+
+# -- reading without following links where the state is concerned ------------------------
+def _is_source_relpath(rel: object) -> bool:
+    if not isinstance(rel, str) or "\0" in rel or "\\" in rel or rel.startswith("/"):
+        return False
+    parts = rel.split("/")
+    return posixpath.normpath(rel) == rel and parts[0] == "vllm" and rel.endswith(".py") and not (
+        {"", ".", ".."} & set(parts)
+    )
+
+
+def read_manifest(site_packages: str) -> dict | None:
+    """The manifest as JSON, read without following a symlinked state directory or file; None otherwise."""
+    flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW
+    try:
+        state = os.open(os.path.join(site_packages, STATE_DIR), flags | os.O_DIRECTORY)
+    except OSError:
+        return None
+    try:
+        fd = os.open(MANIFEST, flags | os.O_NONBLOCK, dir_fd=state)
+    except OSError:
+        return None
+    finally:
+        os.close(state)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        with os.fdopen(fd, "rb", closefd=False) as fh:
+            data = json.loads(fh.read(64 << 20))
+    except (OSError, ValueError, RecursionError):
+        return None
+    finally:
+        os.close(fd)
+    return data if isinstance(data, dict) else None
+
+
+class Hasher:
+    """sha256 of the package's files, each read once per run (regular files only, links followed)."""
+
+    def __init__(self, site_packages: str) -> None:
+        self.site = site_packages
+        self._cache: dict[str, str | None] = {}
+
+    def __call__(self, relpath: str) -> str | None:
+        if relpath not in self._cache:
+            self._cache[relpath] = self._hash(relpath)
+        return self._cache[relpath]
+
+    def _hash(self, relpath: str) -> str | None:
+        try:
+            fd = os.open(os.path.join(self.site, relpath), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
+            return None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_size > _SOURCE_LIMIT:
+                return None
+            digest = hashlib.sha256()
+            while chunk := os.read(fd, 1 << 20):
+                digest.update(chunk)
+            return digest.hexdigest()
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+
+
+def patch_digest() -> str:
+    """A hash of the patch definitions and of the engine that judges them (their source files).
+
+    verify's fast path and the guard trust recorded verdicts only if these
+    made them; the package version does not change between commits.
+    """
+    import patch_dsv4
+    import patch_dsv4.patches as patches
+    from patch_dsv4 import __version__
+
+    digest = hashlib.sha256(__version__.encode())
+    for package in (patch_dsv4, patches):
+        directory = os.path.dirname(os.path.abspath(package.__file__))
+        for name in sorted(n for n in os.listdir(directory) if n.endswith(".py")):
+            with open(os.path.join(directory, name), "rb") as fh:
+                digest.update(name.encode() + b"\0" + fh.read())
+    return digest.hexdigest()
+
+
+def anchors_record(vllm_version: str) -> dict | None:
+    """anchors/vllm-<version>.json, None when this release is not recorded (or the record is unreadable)."""
+    import patch_dsv4.anchors as anchors_package
+
+    path = os.path.join(os.path.dirname(os.path.abspath(anchors_package.__file__)), f"vllm-{vllm_version}.json")
+    try:
+        with open(path, encoding="utf-8") as fh:
+            record = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def _well_formed(manifest: dict, record: dict) -> bool:
+    """The state's own rules (patch_dsv4.state), with the record's patches standing for the patch definitions:
+    a manifest the full path would call unreadable is never vouched for here."""
+    from patch_dsv4.state import manifest_from_data
+
+    declared = {a["file"] for entry in record["patches"].values() for a in entry.get("anchors", [])}
+    try:
+        manifest_from_data(manifest, declared, record["patches"])
+    except (ValueError, RecursionError):
+        return False
+    return True
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """The verdicts a state recorded, vouched for by the hashes: what verify reports and the guard checks."""
+
+    verdicts: dict  # patch id -> {"title", "verdict", "files", "detail", "edits"}
+    build_detail: str
+    opt_in: tuple[str, ...]
+
+
+def same_flashinfer(record: dict, version: str | None) -> bool:
+    """Whether an anchors record was judged with FlashInfer ``version``.
+
+    Only the version counts: the records come from ``--no-deps`` trees, where
+    FlashInfer is the pinned one, and a real install has that release installed.
+    """
+    recorded = record.get("flashinfer")
+    return isinstance(recorded, dict) and recorded.get("version") == version
+
+
+def recorded_verdicts(site: Site, manifest: dict | None = None, hasher: Hasher | None = None) -> Recorded | None:
+    """The manifest's recorded verdicts when nothing they were based on has changed; else None."""
+    manifest = read_manifest(site.site_packages) if manifest is None else manifest
+    hasher = hasher or Hasher(site.site_packages)
+    try:
+        if manifest.get("schema") not in READABLE_SCHEMAS or manifest.get("transaction") is not None:
+            return None
+        if manifest.get("vllm_version") != site.vllm_version:
+            return None
+        verdicts, files, inputs = manifest["verdicts"], manifest["files"], manifest["inputs"]
+        if not (isinstance(verdicts, dict) and verdicts and isinstance(files, dict) and isinstance(inputs, dict)):
+            return None
+        if manifest.get("patch_digest") != patch_digest():
+            return None
+        if manifest.get("flashinfer") != {"version": site.flashinfer_version, "source": site.flashinfer_source}:
+            return None
+        if not all(_is_source_relpath(rel) for rel in (*files, *inputs)):
+            return None
+        for relpath, entry in files.items():
+            if hasher(relpath) != entry["after"]:
+                return None
+        for relpath, sha in inputs.items():
+            if hasher(relpath) != sha:
+                return None
+        applied = {f for v in verdicts.values() if v["verdict"] == "applied" for f in v["files"]}
+        if applied != set(files) or not set(files) <= set(inputs):
+            return None
+        record = anchors_record(site.vllm_version)
+        if record is None or not same_flashinfer(record, manifest["flashinfer"]["version"]):
+            return None
+        if not _well_formed(manifest, record):
+            return None
+        for relpath, sha in record["files"].items():
+            as_installed = files[relpath]["before"] if relpath in files else hasher(relpath)
+            if as_installed != sha:
+                return None
+        opt_in = tuple(manifest.get("opt_in", []))
+        needed = {
+            anchor["file"]
+            for pid, entry in record["patches"].items()
+            if pid in verdicts and (not entry.get("opt_in") or pid in opt_in)
+            for anchor in entry.get("anchors", [])
+            if anchor.get("verdict") == "pending"
+        }
+        if needed != set(files) or set(record["patches"]) != set(verdicts):
+            return None
+    except (KeyError, TypeError, AttributeError):
+        return None
+    detail = f"known build: vLLM {site.vllm_version} matches anchors/vllm-{site.vllm_version}.json ({len(record['files'])} files)"
+    return Recorded(verdicts, detail, opt_in)
+
+
+def recorded_report(site: Site, recorded: Recorded, target_args: str = ""):
+    """The verify report of recorded verdicts (the same document the full judgement gives)."""
+    from patch_dsv4.errors import EXIT_NEEDS_ACTION
+    from patch_dsv4.verdicts import EditReport, PatchReport, Report, Verdict, next_step, summary_line
+
+    patches = tuple(
+        PatchReport(
+            pid, v["title"], Verdict(v["verdict"]), tuple(v["files"]), v["detail"],
+            tuple(
+                EditReport(e["label"], e["file"], e["scope"], Verdict(e["verdict"]), e["detail"], e.get("expected"), e.get("found"))
+                for e in v.get("edits", [])
+            ),
+        )
+        for pid, v in sorted(recorded.verdicts.items())
+    )
+    bad = [p for p in patches if p.verdict.needs_action]
+    return Report(
+        command="verify",
+        target=site.site_packages,
+        vllm_version=site.vllm_version,
+        flashinfer_version=site.flashinfer_version,
+        flashinfer_source=site.flashinfer_source,
+        patches=patches,
+        state="current",
+        exit_code=EXIT_NEEDS_ACTION if bad else 0,
+        summary=summary_line("verify", patches, "hashes match the recorded state"),
+        build={"known": True, "detail": recorded.build_detail},
+        next_step=next_step(target_args, bad),
+        backups=os.path.join(site.site_packages, STATE_DIR, "backups"),
+    )

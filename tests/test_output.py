@@ -1,0 +1,316 @@
+"""What people and machines read: 80 columns, quiet and verbose, the next command with the same
+target, a dry run that is a real patch, progress lines, short errors, and the JSON contract."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import re
+import subprocess
+import sys
+import threading
+import time
+import venv
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from patch_dsv4.patches.stream_load import VL_MODEL
+from patch_dsv4.patches.wide_swa import FLASHINFER_SPARSE
+from tests.conftest import ROOT, run_cli
+from tests.releases import content_snapshot, copy_tree, hand_edit, pristine_tree, wheel
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+SCHEMA = json.loads((ROOT / "patcher" / "report.schema.json").read_text())
+
+
+# -- lines for people -----------------------------------------------------------------------
+@pytest.mark.parametrize("version", ["0.28.0", "0.30.0"])
+def test_status_fits_80_columns_one_line_a_patch(version, make_tree, cli):
+    tree = make_tree(version)
+    result = cli("status", "--site-packages", tree)
+    lines = result.stdout.splitlines()
+    assert all(len(line) <= 80 for line in lines), [line for line in lines if len(line) > 80]
+    assert "\x1b" not in result.stdout and not any(ch in result.stdout for ch in "┏━│┃╇")
+    report = cli("status", "--site-packages", tree, "--json").json()
+    for patch in report["patches"]:
+        (row,) = [line for line in lines if line.startswith(f"  {patch['id']} ")]
+        assert patch["verdict"] in row
+        for file in patch["files"]:  # the short form, whole on one line
+            assert any(file.removeprefix("vllm/models/deepseek_v4/") in line for line in lines), file
+    sentences = [line.strip() for line in lines if line.startswith("      ")]
+    assert len(sentences) == len(set(sentences)), "an evidence line is printed twice"
+    assert len(lines) <= 20, result.stdout
+    assert lines[-1].startswith("status: ")
+
+
+def test_quiet_prints_the_closing_line_and_verbose_all_evidence(make_tree, cli):
+    tree = make_tree("0.30.0")
+    quiet = cli("status", "--site-packages", tree, "-q")
+    assert quiet.stdout.splitlines() == ["status: 1 opt-in, 2 upstream, 2 pending"]
+    normal = cli("status", "--site-packages", tree).stdout
+    verbose = cli("status", "--site-packages", tree, "-v").stdout
+    assert "anchor matches" not in normal and "anchor matches" in verbose  # pending evidence only with -v
+    assert all(len(line) <= 80 for line in verbose.splitlines() if not line.startswith("        "))
+
+
+def test_apply_names_the_files_written_and_where_the_backups_are(make_tree, cli):
+    tree = make_tree("0.30.0")
+    out = cli("apply", "--site-packages", tree).stdout
+    assert f"  {VL_MODEL}\n" in out and f"  {FLASHINFER_SPARSE}\n" in out
+    assert f"backups: {tree / '.patch-dsv4' / 'backups'}" in " ".join(out.split())  # may wrap before the path
+    assert cli("verify", "--site-packages", tree, "-q").stdout.splitlines() == [
+        "verify: 1 opt-in, 2 upstream, 2 applied; hashes match the recorded state"
+    ]
+
+
+def _in_a_terminal(args: list[str], env_extra: dict | None = None, columns: int = 80) -> str:
+    """Run the command with stdout and stderr on a pseudo-terminal; what it printed."""
+    leader, follower = pty.openpty()
+    env = {**os.environ, "COLUMNS": str(columns), "TERM": "xterm", **(env_extra or {})}
+    env.pop("NO_COLOR", None) if "NO_COLOR" not in (env_extra or {}) else None
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "patch_dsv4", *args], stdout=follower, stderr=follower, env=env, cwd=ROOT
+    )
+    os.close(follower)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    proc.wait()
+    os.close(leader)
+    return b"".join(chunks).decode().replace("\r\n", "\n")
+
+
+def test_on_a_terminal_colour_unless_no_color(make_tree):
+    tree = make_tree("0.30.0")
+    coloured = _in_a_terminal(["status", "--site-packages", str(tree)], columns=80)
+    assert "\x1b[" in coloured
+    assert all(len(ANSI.sub("", line)) <= 80 for line in coloured.splitlines())
+    plain = _in_a_terminal(["status", "--site-packages", str(tree)], {"NO_COLOR": "1"}, columns=100)
+    assert "\x1b[" not in plain and "pending" in plain
+
+
+def test_errors_on_a_terminal_are_what_why_next_lines(make_tree):
+    tree = make_tree("0.30.0")
+    hand_edit(tree / VL_MODEL, (tree / VL_MODEL).read_text() + "\n# a local hotfix\n")
+    out = _in_a_terminal(["apply", "--site-packages", str(tree)], {"NO_COLOR": "1"})
+    lines = out.strip().splitlines()
+    assert lines[0].startswith("patch-dsv4: error: refusing to apply")
+    assert lines[1].startswith("  why:") and lines[2].startswith("  next:")
+    assert all(len(line) < 200 for line in lines)
+
+
+# -- the next command, naming the target as the user did --------------------------------------
+@pytest.fixture
+def three_targets(make_tree, tmp_path):
+    """The same release reached three ways: --site-packages, --python, and the running interpreter."""
+    site_tree = make_tree("0.30.0")
+    env_dir = tmp_path / "venv"
+    venv.EnvBuilder(with_pip=False).create(env_dir)
+    python = env_dir / "bin" / "python"
+    purelib = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()
+    copy_tree(pristine_tree("0.30.0"), Path(purelib))
+    default_tree = make_tree("0.30.0")
+    return {
+        "site-packages": (["--site-packages", str(site_tree)], f" --site-packages {site_tree}", site_tree, None),
+        "python": (["--python", str(python)], f" --python {python}", Path(purelib), None),
+        "default": ([], "", default_tree, {"PYTHONPATH": f"{default_tree}{os.pathsep}{ROOT}"}),
+    }
+
+
+def _run(args, env_extra):
+    if env_extra is None:
+        return run_cli(*args)
+    proc = subprocess.run(
+        [sys.executable, "-m", "patch_dsv4", *args], capture_output=True, text=True, env={**os.environ, **env_extra}
+    )
+    return proc
+
+
+@pytest.mark.parametrize("kind", ["site-packages", "python", "default"])
+def test_failures_name_the_next_command_for_the_same_target(kind, three_targets):
+    args, target_args, tree, env_extra = three_targets[kind]
+    verify = _run(["verify", *args], env_extra)
+    code = getattr(verify, "code", getattr(verify, "returncode", None))
+    assert code == 1
+    assert f"patch-dsv4: run: patch-dsv4 apply{target_args}\n" in verify.stderr, verify.stderr
+
+    hand_edit(tree / VL_MODEL, (tree / VL_MODEL).read_text() + "\n# a local hotfix\n")
+    refused = _run(["apply", *args], env_extra)
+    assert getattr(refused, "code", getattr(refused, "returncode", None)) == 1
+    if kind == "site-packages":
+        assert f"pip install --no-deps --force-reinstall --upgrade --target {tree} vllm==0.30.0" in refused.stderr
+    elif kind == "python":
+        assert f"{args[1]} -m pip install --no-deps --force-reinstall vllm==0.30.0" in refused.stderr
+    else:
+        assert f"{sys.executable} -m pip install --no-deps --force-reinstall vllm==0.30.0" in refused.stderr
+    assert "apply --force" in refused.stderr
+
+
+def test_a_hand_edited_patched_file_has_a_way_out_that_loses_nothing(make_tree, cli):
+    tree = make_tree("0.30.0")
+    original = (tree / VL_MODEL).read_bytes()
+    assert cli("apply", "--site-packages", tree).code == 0
+    edited = (tree / VL_MODEL).read_text() + "\n# my fix, keep it somewhere\n"
+    hand_edit(tree / VL_MODEL, edited)
+    verify = cli("verify", "--site-packages", tree)
+    assert verify.code == 1 and f"revert --discard-local-edits --site-packages {tree}" in verify.stderr
+    refused = cli("revert", "--site-packages", tree)
+    assert refused.code == 1 and "--discard-local-edits" in refused.stderr
+    out = cli("revert", "--site-packages", tree, "--discard-local-edits", "--json")
+    assert out.code == 0, out.stderr
+    (saved,) = out.json()["saved_edits"]
+    assert Path(saved).read_text() == edited
+    assert Path(saved).is_relative_to(tree / ".patch-dsv4" / "saved-edits")
+    assert (tree / VL_MODEL).read_bytes() == original
+    assert cli("status", "--site-packages", tree, "--json").json()["state"] == "none"
+    assert cli("apply", "--site-packages", tree).code == 0  # the saved edit does not get in the way
+    assert Path(saved).read_text() == edited
+    assert cli("revert", "--site-packages", tree).code == 0 and Path(saved).exists()
+
+
+# -- a dry run is apply without the writes ---------------------------------------------------
+@pytest.mark.parametrize("version", ["0.28.0", "0.30.0"])
+def test_dry_run_diff_is_a_patch_that_gives_what_apply_writes(version, make_tree):
+    dry, real = make_tree(version), make_tree(version)
+    before = content_snapshot(dry)
+    result = run_cli("apply", "--site-packages", dry, "--dry-run")
+    assert result.code == 0
+    assert content_snapshot(dry) == before and not (dry / ".patch-dsv4").exists()
+    assert result.stdout.startswith("--- a/vllm/"), result.stdout[:200]
+    assert "dry run" in result.stderr  # the report goes to stderr
+    assert run_cli("apply", "--site-packages", real).code == 0
+    patched = subprocess.run(["patch", "-p1", "-s", "-d", str(dry)], input=result.stdout.encode(), capture_output=True)
+    assert patched.returncode == 0, patched.stderr
+    assert content_snapshot(dry) == content_snapshot(real)
+    for relpath, sha in content_snapshot(real).items():
+        assert (dry / relpath).read_bytes() == (real / relpath).read_bytes(), relpath
+
+
+def test_dry_run_refuses_where_apply_refuses(make_tree):
+    tree = make_tree("0.30.0")
+    hand_edit(tree / VL_MODEL, (tree / VL_MODEL).read_text() + "\n# a local hotfix\n")
+    dry = run_cli("apply", "--site-packages", tree, "--dry-run")
+    real = run_cli("apply", "--site-packages", tree)
+    assert dry.code == real.code == 1
+    assert dry.stdout == "" and "RECORD" in dry.stderr
+    forced = run_cli("apply", "--site-packages", tree, "--dry-run", "--force")
+    assert forced.code == 0 and forced.stdout.startswith("--- a/vllm/")
+
+
+# -- progress ------------------------------------------------------------------------------
+def test_a_lock_wait_says_who_holds_the_lock(make_tree):
+    import fcntl
+
+    tree = make_tree("0.30.0")
+    lock = tree / ".patch-dsv4.lock"
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    os.write(fd, b"pid 4242 since 2026-11-30 08:00:00\n")
+    threading.Timer(2.5, lambda: (fcntl.flock(fd, fcntl.LOCK_UN), os.close(fd), lock.unlink())).start()
+    started = time.monotonic()
+    result = run_cli("apply", "--site-packages", tree, "-q")
+    assert result.code == 0, result.stderr
+    assert time.monotonic() - started >= 2.0
+    assert "waiting for the environment's lock, held by pid 4242 since 2026-11-30 08:00:00" in result.stderr
+
+
+def test_a_lock_never_freed_times_out_naming_the_holder(make_tree):
+    import fcntl
+
+    tree = make_tree("0.30.0")
+    fd = os.open(tree / ".patch-dsv4.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    os.write(fd, b"pid 4242 since 2026-11-30 08:00:00\n")
+    try:
+        result = run_cli("apply", "--site-packages", tree, "--lock-timeout", "1.5")
+    finally:
+        os.close(fd)
+    assert result.code == 2
+    assert "held by pid 4242" in result.stderr.splitlines()[-1]
+
+
+# -- the JSON contract ---------------------------------------------------------------------
+def _validate(document: dict) -> None:
+    import jsonschema
+
+    jsonschema.validate(document, SCHEMA)
+
+
+def test_every_command_writes_a_document_of_the_schema(make_tree, tmp_path):
+    tree = make_tree("0.30.0")
+    documents = [run_cli("list", "--json").json()]
+    for args in (
+        ("status",), ("verify",), ("apply", "--dry-run"), ("apply",), ("apply",), ("verify",), ("status",),
+        ("revert",), ("revert",),
+    ):
+        result = run_cli(*args, "--site-packages", tree, "--json")
+        documents.append(result.json())
+    documents.append(run_cli("drift", "--wheel", wheel("vllm", "0.30.0"), "--json").json())
+    errors = [
+        run_cli("status", "--site-packages", tmp_path / "absent", "--json"),
+        run_cli("drift", "--wheel", tmp_path / "absent.whl", "--json"),
+        run_cli("apply", "--site-packages", tree, "--only", "no-such-patch", "--json"),
+        run_cli("status", "--no-such-option", "--json"),
+    ]
+    for result in errors:
+        assert result.code == 2
+        documents.append(result.json())
+    for document in documents:
+        _validate(document)
+    keys = {d["command"]: set(d) for d in documents if d["error"] is None}
+    for document in documents:  # the same keys on every path, errors included
+        assert set(document) == keys.get(document["command"], set(document)), document["command"]
+    fast, slow = documents[6], documents[2]
+    assert "hashes match" in fast["summary"] and set(fast) == set(slow)
+
+
+def test_the_verify_fast_path_gives_the_document_the_full_judgement_gives(make_tree, monkeypatch):
+    from patch_dsv4 import quick
+
+    tree = make_tree("0.30.0")
+    assert run_cli("apply", "--site-packages", tree).code == 0
+    fast = run_cli("verify", "--site-packages", tree, "--json").json()
+    monkeypatch.setattr(quick, "recorded_verdicts", lambda *args, **kwargs: None)
+    full = run_cli("verify", "--site-packages", tree, "--json").json()
+    assert "hashes match" in fast["summary"] and "hashes match" not in full["summary"]
+    for key in ("schema", "command", "exit_code", "error", "target", "vllm_version", "flashinfer_version",
+                "flashinfer_source", "build", "state", "patches", "changed_files", "backups", "next"):
+        assert fast[key] == full[key], key
+
+
+# -- drift of a nightly ----------------------------------------------------------------------
+def test_a_nightly_is_judged_as_an_unknown_build_never_an_error(tmp_path):
+    """A wheel built from a real one with a nightly's version (0.33.1.devN+g<sha>)."""
+    nightly = "0.33.1.dev127+g5f2a9c0e1"
+    real = wheel("vllm", "0.33.0")
+    path = tmp_path / real.name.replace("0.33.0", nightly)
+    with zipfile.ZipFile(real) as src, zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as out:
+        for name in src.namelist():
+            data = src.read(name)
+            new_name = name.replace("vllm-0.33.0.dist-info", f"vllm-{nightly}.dist-info")
+            if new_name.endswith(".dist-info/METADATA"):
+                data = data.replace(b"\nVersion: 0.33.0\n", f"\nVersion: {nightly}\n".encode(), 1)
+            if new_name.endswith(".dist-info/RECORD") or not (".dist-info/" in name or name.startswith("vllm/models/deepseek_v4/") or name.startswith("vllm/v1/") or name.startswith("vllm/model_executor/models/utils")):
+                continue
+            out.writestr(new_name, data)
+    result = run_cli("drift", "--wheel", path, "--json")
+    assert result.code == 0, result.stderr
+    data = result.json()
+    _validate(data)
+    assert data["vllm_version"] == nightly
+    assert data["build"]["known"] is False and "no anchors recorded" in data["build"]["detail"]
+    assert {p["id"]: p["verdict"] for p in data["patches"]}["stream-load"] == "upstream"
+    table = run_cli("drift", "--wheel", path)
+    assert table.code == 0 and "unknown build" in table.stdout
