@@ -1,0 +1,209 @@
+"""The serve guard's cost per vLLM process, and which vLLM processes call it, in a real vLLM venv.
+
+Runs in the real, fully installed venv of tests/integration/venvs.py (built on first
+use: about 8 GB and 10 minutes), with this checkout installed into it.
+
+1. Cost. In fresh processes of the venv, one after another: ``import vllm``, then
+   ``import patch_dsv4.guard``, then ``patch_dsv4.guard.check()`` (each timed in the
+   process), on a pristine known build (no state: the guard decides from anchors/)
+   and on an applied tree (the guard checks the state's hashes). One warm-up process,
+   then ``--repeat`` measured ones per tree; medians. It also says whether ``check()``
+   took a fast path or fell back to a full judgement. The target is at most 10 ms per
+   process on an applied tree.
+2. Callers. A throwaway ``vllm.general_plugins`` entry point (a dist-info and a module
+   written into the venv for this run only, removed after) appends its pid, parent pid
+   and argv to a file; ``vllm serve --help``, ``EngineArgs(model=...)`` and, as a
+   control, ``import vllm`` run with ``PATCH_DSV4_GUARD=warn`` on the pristine tree
+   (pending patches), and the bench prints the processes that called the plugins and
+   how many ERROR lines of our guard each command logged.
+
+The venv is left as it was found: the state is reverted, the throwaway plugin removed.
+
+    python bench/bench_guard.py [--version 0.30.0] [--repeat 5] [--skip-callers]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.integration import venvs  # noqa: E402
+from tests.integration.conftest import RealVenv  # noqa: E402
+
+MARK = "PATCH_DSV4_BENCH="
+TIMING = r"""
+import json, os, sys, time
+t0 = time.perf_counter()
+import vllm
+t1 = time.perf_counter()
+import patch_dsv4.guard as guard
+t2 = time.perf_counter()
+full = []
+judge = guard._full_judgement
+guard._full_judgement = lambda *a: full.append(1) or judge(*a)
+os.environ["PATCH_DSV4_GUARD"] = "warn"
+guard.check()
+t3 = time.perf_counter()
+problems = guard.judge_this_vllm()
+print("%s" + json.dumps({"import_vllm": t1 - t0, "import_guard": t2 - t1, "check": t3 - t2,
+                          "full_judgement": bool(full), "problems": [p[0] + " " + p[1] for p in problems]}))
+""" % MARK
+
+PROBE_NAME = "patch_dsv4_bench_probe"
+PROBE_MODULE = '''
+import json, os, sys, time
+
+def record():
+    """Written by bench/bench_guard.py: which processes call vLLM's general plugins."""
+    path = os.environ.get("PATCH_DSV4_BENCH_CALLS")
+    if path:
+        with open(path, "a") as fh:
+            fh.write(json.dumps({"pid": os.getpid(), "ppid": os.getppid(), "argv": sys.argv, "t": time.time()}) + "\\n")
+'''
+
+
+def timings(venv: RealVenv, label: str, repeat: int) -> dict:
+    runs = []
+    for i in range(repeat + 1):
+        proc = venv.run([venv.python, "-c", TIMING])
+        lines = [line for line in proc.output.splitlines() if line.startswith(MARK)]
+        if proc.rc != 0 or not lines:
+            raise SystemExit(f"{label}: the timing process failed (exit {proc.rc}):\n{proc.tail()}")
+        result = json.loads(lines[-1][len(MARK) :])
+        if i:  # the first one warms the page cache and bytecode
+            runs.append(result)
+    med = {key: statistics.median(r[key] for r in runs) for key in ("import_vllm", "import_guard", "check")}
+    return {
+        "label": label,
+        "runs": runs,
+        "median": med,
+        "full": sum(r["full_judgement"] for r in runs),
+        "problems": runs[-1]["problems"],
+    }
+
+
+def install_probe(venv: RealVenv) -> list[Path]:
+    module = venv.site / f"{PROBE_NAME}.py"
+    dist = venv.site / f"{PROBE_NAME}-0.0.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {PROBE_NAME}\nVersion: 0.0.0\n")
+    (dist / "entry_points.txt").write_text(f"[vllm.general_plugins]\n{PROBE_NAME} = {PROBE_NAME}:record\n")
+    module.write_text(PROBE_MODULE)
+    return [module, dist]
+
+
+def remove(paths: list[Path]) -> None:
+    import shutil
+
+    for path in paths:
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+    for cached in (paths[0].parent / "__pycache__").glob(f"{PROBE_NAME}.*"):
+        cached.unlink()
+
+
+def callers(venv: RealVenv) -> list[dict]:
+    seen = []
+    with tempfile.TemporaryDirectory() as tmp:
+        model = Path(tmp) / "model"  # a local model directory: EngineArgs does not go to the hub for it
+        model.mkdir()
+        (model / "config.json").write_text('{"model_type": "deepseek_v4", "architectures": ["DeepseekV4ForCausalLM"]}')
+        commands = {
+            "vllm serve --help": [venv.bin("vllm"), "serve", "--help"],
+            "EngineArgs(model=...)": [
+                venv.python,
+                "-c",
+                f"from vllm.engine.arg_utils import EngineArgs; EngineArgs(model={str(model)!r})",
+            ],
+            "import vllm (control)": [venv.python, "-c", "import vllm"],
+        }
+        for name, command in commands.items():
+            calls = Path(tmp) / f"{len(seen)}.jsonl"
+            proc = venv.run(command, env={"PATCH_DSV4_GUARD": "warn", "PATCH_DSV4_BENCH_CALLS": str(calls)})
+            recorded = [json.loads(line) for line in calls.read_text().splitlines()] if calls.exists() else []
+            guard_lines = [line for line in proc.output.splitlines() if "patch-dsv4: this vLLM lacks patches" in line]
+            seen.append(
+                {
+                    "command": name,
+                    "rc": proc.rc,
+                    "seconds": proc.seconds,
+                    "calls": recorded,
+                    "guard_error_lines": len(guard_lines),
+                    "tail": proc.tail(3),
+                }
+            )
+    return seen
+
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1000:9.1f} ms"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--version", default="0.30.0")
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--skip-callers", action="store_true")
+    args = parser.parse_args()
+
+    started = time.monotonic()
+    root = venvs.build(args.version)
+    venvs.install_this_project(root)
+    venv = RealVenv(args.version, root)
+    venv.ensure_pristine()
+    results, seen, probe = [], [], []
+    try:
+        results.append(timings(venv, "pristine known build (no state)", args.repeat))
+        if not args.skip_callers:
+            probe = install_probe(venv)
+            seen = callers(venv)
+            remove(probe)
+            probe = []
+        report = venv.cli("apply")
+        assert report["exit_code"] == 0, report
+        results.append(timings(venv, "applied tree", args.repeat))
+    finally:
+        if probe:
+            remove(probe)
+        venv.ensure_pristine()
+
+    print(f"\nvLLM {args.version} venv {root}; {args.repeat} fresh processes per tree (after one warm-up), medians")
+    print(f"{'tree':36} {'import vllm':>12} {'import guard':>12} {'check()':>12}  check/import vllm  full judgement")
+    for r in results:
+        m = r["median"]
+        print(
+            f"{r['label']:36} {ms(m['import_vllm'])} {ms(m['import_guard'])} {ms(m['check'])}  "
+            f"{m['check'] / m['import_vllm']:16.2%}  {r['full']}/{len(r['runs'])}"
+        )
+        per_run = ", ".join(f"{x['check'] * 1000:.1f}" for x in r["runs"])
+        print(f"{'':36} check() per run: {per_run} ms; " f"reported: {', '.join(r['problems']) or 'nothing'}")
+    applied = results[-1]["median"]["check"] + results[-1]["median"]["import_guard"]
+    print(
+        f"target: guard (import + check) <= 10 ms per process on an applied tree: "
+        f"{'met' if applied <= 0.010 else 'NOT met'} ({applied * 1000:.1f} ms)"
+    )
+    if seen:
+        print("\nprocesses that called vllm.general_plugins (PATCH_DSV4_GUARD=warn, pending tree):")
+        for s in seen:
+            pids = "; ".join(f"pid {c['pid']} (parent {c['ppid']}) argv {c['argv']}" for c in s["calls"]) or "none"
+            print(
+                f"  {s['command']:24} exit {s['rc']}, {s['seconds']:.0f} s: {len(s['calls'])} call(s): {pids}; "
+                f"our ERROR lines: {s['guard_error_lines']}"
+            )
+            if s["rc"]:
+                print(f"  {'':24} (its last line: {s['tail'].splitlines()[-1][:150]})")
+    print(f"\n({time.monotonic() - started:.0f} s in all)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,141 @@
+"""The serve guard: a vLLM plugin that checks the patches inside every vLLM process.
+
+vLLM calls the functions of its ``vllm.general_plugins`` entry points in the
+API/CLI process, in the engine core, in every worker before the model loads,
+and in the model-inspection subprocess (once per process). :func:`check` is
+ours (entry point ``patch_dsv4``). It judges the vLLM it runs in:
+
+- every patch this release and FlashInfer need is ``applied``, ``upstream`` or
+  ``not-applicable``: one debug line, nothing else;
+- otherwise it names each patch, its verdict and its files, and the command that
+  fixes it, and then, by ``PATCH_DSV4_GUARD``:
+  ``warn`` (the default) logs that at ERROR once per process and lets vLLM start;
+  ``strict`` raises, so that vLLM does not start; ``off`` does nothing.
+
+It is cheap (a few ms on an applied tree: it hashes the files the state names,
+or, with no state on a known build, the files anchors/ recorded) and imports
+nothing heavy at module level, because an import error in a plugin is only
+logged by vLLM and would make the guard vanish. Only an unknown build pays a
+full judgement. A bug in the guard never stops vLLM in ``warn`` mode.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+ENV = "PATCH_DSV4_GUARD"
+MODES = ("warn", "strict", "off")
+_logger = logging.getLogger("vllm.patch_dsv4")  # under vLLM's logger: its handler and format
+_reported = False
+
+
+class PatchesNotInPlace(RuntimeError):
+    """Raised in strict mode: vLLM would serve without a patch this environment needs."""
+
+
+def check() -> None:
+    """The plugin function vLLM calls (entry point ``vllm.general_plugins: patch_dsv4``)."""
+    global _reported
+    mode = os.environ.get(ENV, "warn").strip().lower() or "warn"
+    if mode == "off":
+        return
+    if mode not in MODES:
+        _logger.warning("patch-dsv4: %s=%r is not one of warn, strict, off; warning only", ENV, mode)
+        mode = "warn"
+    try:
+        problems = judge_this_vllm()
+    except Exception as exc:  # a bug or a broken environment: never a reason to stop vLLM in warn mode
+        if mode == "strict":
+            raise PatchesNotInPlace(f"patch-dsv4 could not check this vLLM ({type(exc).__name__}: {exc})") from exc
+        if not _reported:
+            _reported = True
+            _logger.warning("patch-dsv4: could not check this vLLM's patches (%s: %s)", type(exc).__name__, exc)
+        return
+    if not problems:
+        _logger.debug("patch-dsv4: every patch this vLLM needs is in place")
+        return
+    message = describe(problems)
+    if mode == "strict":
+        raise PatchesNotInPlace(message)
+    if not _reported:
+        _reported = True
+        _logger.error("%s", message)
+
+
+def describe(problems: list[tuple[str, str, list[str]]]) -> str:
+    items = "; ".join(f"{pid} is {verdict} ({', '.join(files) or 'no file'})" for pid, verdict, files in problems)
+    return (
+        f"patch-dsv4: this vLLM lacks patches it needs for DeepSeek-V4 packs: {items}. "
+        f"Run: patch-dsv4 apply --python {sys.executable} "
+        f"(or set {ENV}=off to silence this, {ENV}=strict to refuse to start)"
+    )
+
+
+def _vllm_site() -> str | None:
+    """The directory holding the vLLM this process imported (the guard judges that one)."""
+    module = sys.modules.get("vllm")
+    path = getattr(module, "__file__", None)
+    if not path:
+        return None
+    return os.path.dirname(os.path.dirname(os.path.abspath(path)))
+
+
+NEEDS_ACTION = ("pending", "drifted", "modified")
+
+
+def judge_this_vllm() -> list[tuple[str, str, list[str]]]:
+    """(patch id, verdict, files) for every patch that is not in place; empty when all are."""
+    from patch_dsv4 import quick
+
+    site_dir = _vllm_site()
+    search = [site_dir] if site_dir else [p for p in sys.path if p]
+    site = quick.locate([*search, *(p for p in sys.path if p and p != site_dir)])
+    if site is not None and (site_dir is None or os.path.realpath(site.site_packages) == os.path.realpath(site_dir)):
+        hasher = quick.Hasher(site.site_packages)
+        manifest = quick.read_manifest(site.site_packages)
+        if manifest is not None:
+            recorded = quick.recorded_verdicts(site, manifest, hasher)
+            if recorded is not None:
+                return _failing(recorded.verdicts.items())
+        else:
+            verdicts = from_anchors(quick, site, hasher)
+            if verdicts is not None:
+                return _failing(verdicts.items())
+    return _full_judgement(site_dir)
+
+
+def _failing(items) -> list[tuple[str, str, list[str]]]:
+    return [(pid, v["verdict"], list(v["files"])) for pid, v in sorted(items) if v["verdict"] in NEEDS_ACTION]
+
+
+def from_anchors(quick, site, hasher) -> dict | None:
+    """A pristine known build (no state): the verdicts anchors/ recorded for it, if its files hash as recorded."""
+    record = quick.anchors_record(site.vllm_version)
+    if record is None or not quick.same_flashinfer(record, site.flashinfer_version):
+        return None
+    try:
+        if any(hasher(rel) != sha for rel, sha in record["files"].items()):
+            return None
+        return {
+            pid: {
+                "verdict": "opt-in" if entry.get("opt_in") and entry["verdict"] == "pending" else entry["verdict"],
+                "files": sorted({a["file"] for a in entry.get("anchors", [])}),
+            }
+            for pid, entry in record["patches"].items()
+        }
+    except (KeyError, TypeError, AttributeError):
+        return None
+
+
+def _full_judgement(site_dir: str | None) -> list[tuple[str, str, list[str]]]:
+    """An unknown build, or a state the hashes do not vouch for: judge the tree as status does."""
+    from pathlib import Path
+
+    from patch_dsv4 import commands
+    from patch_dsv4.environment import locate_vllm
+
+    env = locate_vllm(site_packages=Path(site_dir)) if site_dir else locate_vllm()
+    report = commands.status(env)
+    return [(p.id, p.verdict.value, list(p.files)) for p in report.patches if p.verdict.needs_action]
