@@ -70,6 +70,7 @@ class Runtime:
     machine: str | None = None  # platform.machine() of the serving interpreter
     patch_verdicts: Mapping[str, str] | None = None
     patch_files: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    target_args: str | None = None  # how the user named the target (" --python EXE"), for the fixes' commands
 
 
 def read_regular_file(path: Path, limit: int = 64 << 20) -> bytes:

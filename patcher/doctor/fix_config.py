@@ -19,11 +19,11 @@ import difflib
 import json
 import os
 import re
-import secrets
 import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..fs import Dir, Owner, UnsafePath
 from .base import DoctorContext, read_regular_file
 from .pack import (
     FP8_DELEGATE,
@@ -105,64 +105,16 @@ def _dumps_like(original: str, data: dict) -> str:
     return text + "\n" if original.endswith("\n") else text
 
 
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_new_file(folder: Path, data: bytes, mode: int) -> Path:
-    """A fully written, fsynced temp file under ``folder`` with an unpredictable name (never followed
-    through a symlink, never an existing file)."""
-    path = folder / f".config.json.{secrets.token_hex(8)}.tmp"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        os.fchmod(fd, mode)
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
-    except BaseException:
-        os.close(fd)
-        path.unlink(missing_ok=True)
-        raise
-    os.close(fd)
-    return path
-
-
-def _keep_original(config: Path, original: bytes, mode: int) -> Path:
+def _keep_original(directory: Dir, config: Path, original: bytes, owner: Owner) -> Path:
     """Create ``config.json.bak`` holding ``original``, unless a backup is already there (it then holds
     the config from before the first fix, which must survive)."""
     backup = config.with_name(config.name + BACKUP_SUFFIX)
-    try:
-        info = os.lstat(backup)
-    except FileNotFoundError:
-        pass
-    else:
-        if not stat.S_ISREG(info.st_mode):
-            raise OSError(f"{backup} exists and is not a regular file; move it away so the original can be kept")
-        return backup
-    temp = _write_new_file(config.parent, original, mode)
-    try:
-        os.link(temp, backup)  # appears complete or not at all, and never replaces an existing backup
-    except FileExistsError:
-        pass
-    finally:
-        temp.unlink(missing_ok=True)
-    _fsync_dir(config.parent)
+    info = directory.lstat(backup.name)
+    if info is not None and not stat.S_ISREG(info.st_mode):
+        raise OSError(f"{backup} exists and is not a regular file; move it away so the original can be kept")
+    if info is None:
+        directory.create_new(backup.name, original, owner)  # never replaces a backup that appeared meanwhile
     return backup
-
-
-def _replace(config: Path, data: bytes, mode: int) -> None:
-    temp = _write_new_file(config.parent, data, mode)
-    try:
-        os.replace(temp, config)
-    except BaseException:
-        temp.unlink(missing_ok=True)
-        raise
-    _fsync_dir(config.parent)
 
 
 def fix_config(pack: Path) -> FixResult:
@@ -187,11 +139,15 @@ def fix_config(pack: Path) -> FixResult:
     if new == cfg:
         return FixResult(config, backup=existing_backup if existing_backup.is_file() else None)
     new_text = _dumps_like(text, new)
+    st = os.stat(config)
+    owner = Owner(st.st_uid, st.st_gid, mode)
     try:
-        backup = _keep_original(config, original, mode)
-        _replace(config, new_text.encode("utf-8"), mode)
-    except OSError as exc:
-        return FixResult(config, refused=f"config.json was not changed: {exc.strerror or exc}")
+        with Dir.open(pack) as directory:
+            backup = _keep_original(directory, config, original, owner)
+            directory.write_atomic(config.name, new_text.encode("utf-8"), owner)
+    except (OSError, UnsafePath) as exc:
+        why = exc.line() if isinstance(exc, UnsafePath) else (exc.strerror or str(exc))
+        return FixResult(config, refused=f"config.json was not changed: {why}")
     diff = "".join(difflib.unified_diff(
         text.splitlines(keepends=True), new_text.splitlines(keepends=True),
         fromfile=f"{config} (before)", tofile=f"{config}",

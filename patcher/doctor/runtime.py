@@ -44,7 +44,9 @@ PLUGIN_INSTALL = (
 
 
 def target_option(runtime: Runtime) -> str:
-    """The patch-dsv4 option that names this environment (its vLLM's site directory works for every target)."""
+    """The patch-dsv4 option that names this environment as the user did (else its vLLM's site directory)."""
+    if runtime.target_args is not None:
+        return runtime.target_args
     root = runtime.vllm_root or (runtime.site_dirs[0] if runtime.site_dirs else None)
     return f" --site-packages {root}" if root else ""
 

@@ -329,7 +329,7 @@ class Deployment:
         self.environ["PATH"] = ":".join(p for p in self.environ["PATH"].split(":") if p != str(directory))
 
 
-def _toolchain(root: Path) -> tuple[Path, Path, Path]:
+def toolchain(root: Path) -> tuple[Path, Path, Path]:
     cuda_home, venv_bin, tools = root / "cuda-13.0", root / "venv/bin", root / "tools"
     write_tool(cuda_home / "bin", "nvcc", 'echo "Cuda compilation tools, release 13.0"')
     write_tool(venv_bin, "ninja", "echo 1.13.0")
@@ -346,7 +346,7 @@ def vcruz305(tmp_path: Path, vllm: str = "0.28.0", flashinfer: str = "0.6.18") -
     install_plugin(site)
     install_guard(site)
     install_torch(site, torch_pin(vllm) + "+cu130")
-    cuda_home, venv_bin, tools = _toolchain(tmp_path)
+    cuda_home, venv_bin, tools = toolchain(tmp_path)
     nvidia_smi(tools, [("NVIDIA GB10", "12.1", "[N/A]")])
     cuobjdump(cuda_home / "bin", ["sm_121a"])
     proc = tmp_path / "proc"
@@ -395,7 +395,7 @@ def lna_lab(tmp_path: Path, vllm: str = "0.33.0", flashinfer: str = "0.7.2.post1
     install_guard(site)
     install_torch(site, torch_pin(vllm) + "+cu130")
     (site / extension_name("vllm_exl3_c", "312", "x86_64")).write_bytes(elf_bytes(EM_X86_64, b"p2b_fused_moe"))
-    cuda_home, venv_bin, tools = _toolchain(tmp_path)
+    cuda_home, venv_bin, tools = toolchain(tmp_path)
     nvidia_smi(tools, [("NVIDIA RTX PRO 2000 Blackwell", "12.0", "16311")] * 8)
     cuobjdump(cuda_home / "bin", ["sm_120"])
     proc = tmp_path / "proc"

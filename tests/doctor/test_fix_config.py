@@ -8,6 +8,8 @@ import stat
 
 import pytest
 
+from patch_dsv4.fs import inject_faults
+
 from patch_dsv4.doctor.base import FAIL, PASS
 from patch_dsv4.doctor.fix_config import fix_config
 from tests.doctor.synthetic import (
@@ -144,15 +146,16 @@ def test_the_write_keeps_the_mode_and_replaces_a_symlinked_config_without_touchi
     assert blob.read_bytes() == original == (pack / "config.json.bak").read_bytes()
 
 
-def test_a_failed_write_leaves_the_config_as_it_was(tmp_path, monkeypatch):
+def test_a_failed_write_leaves_the_config_as_it_was(tmp_path):
     pack = build_mixedk_pack(tmp_path / "pack", edit_config=as_downloaded)
     original = (pack / "config.json").read_bytes()
 
-    def full_disk(src, dst):
-        raise OSError(28, "No space left on device")
+    def full_disk(step):
+        if step == "replace:config.json":
+            raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(os, "replace", full_disk)
-    result = fix_config(pack)
+    with inject_faults(full_disk):
+        result = fix_config(pack)
     assert result.refused == "config.json was not changed: No space left on device" and not result.changed
     assert (pack / "config.json").read_bytes() == original == (pack / "config.json.bak").read_bytes()
     assert sorted(p.name for p in pack.iterdir() if p.name.startswith(".")) == []

@@ -1,0 +1,163 @@
+"""Run doctor on an environment and a pack: the checks, their context, the report.
+
+The target environment is located as for every other command; the verdicts of
+this project's own patches come from the fast path when the hashes vouch for
+them (or from anchors/ for a pristine known build), else from a full judgement.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+import shlex
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from patch_dsv4.environment import Environment
+from patch_dsv4.errors import EXIT_NEEDS_ACTION, EXIT_OK, EnvironmentProblem
+
+from .base import FAIL, STATUSES, DoctorContext, Row, Runtime, run_checks
+
+
+def _register_checks() -> None:
+    """Import the check modules: registration order is report order (pack, runtime, environment, host)."""
+    from . import pack  # noqa: F401  (imported one by one: the order matters)
+    from . import runtime  # noqa: F401
+    from . import environ  # noqa: F401
+    from . import host  # noqa: F401
+
+
+@dataclass(frozen=True)
+class DoctorReport:
+    target: str | None
+    vllm_version: str | None
+    pack: str | None
+    rows: tuple[Row, ...]
+    fixed: object | None = None  # the FixResult of --fix-config
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_NEEDS_ACTION if any(r.status == FAIL for r in self.rows) else EXIT_OK
+
+    @property
+    def summary(self) -> str:
+        counts = {s: sum(r.status == s for r in self.rows) for s in STATUSES}
+        text = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
+        verdict = "will not serve as it is" if self.exit_code else "no check fails"
+        return f"doctor: {text}; {verdict}"
+
+    def to_json(self) -> dict:
+        from patch_dsv4.verdicts import JSON_SCHEMA
+
+        return {
+            "schema": JSON_SCHEMA,
+            "command": "doctor",
+            "exit_code": self.exit_code,
+            "error": None,
+            "target": self.target,
+            "vllm_version": self.vllm_version,
+            "pack": self.pack,
+            "checks": [r.to_json() for r in self.rows],
+            "config_fix": None if self.fixed is None else {
+                "config": str(self.fixed.config),
+                "diff": self.fixed.diff,
+                "backup": None if self.fixed.backup is None else str(self.fixed.backup),
+                "refused": self.fixed.refused,
+            },
+            "summary": self.summary,
+        }
+
+
+def _python_of_site(site: Path) -> str | None:
+    found = re.search(r"python(\d+\.\d+)", str(site))
+    return found.group(1) if found else None
+
+
+def patch_verdicts(env: Environment) -> tuple[dict[str, str], dict[str, tuple[str, ...]]]:
+    """Each patch's verdict on ``env`` and its files: from the hashes when they vouch, else judged in full."""
+    from patch_dsv4 import guard, quick
+
+    site = quick.Site(str(env.site_packages), env.vllm_version, env.flashinfer_version, env.flashinfer_source)
+    hasher = quick.Hasher(site.site_packages)
+    manifest = quick.read_manifest(site.site_packages)
+    verdicts = None
+    if manifest is not None:
+        recorded = quick.recorded_verdicts(site, manifest, hasher)
+        verdicts = recorded.verdicts if recorded is not None else None
+    else:
+        verdicts = guard.from_anchors(quick, site, hasher)
+    if verdicts is not None:
+        return {pid: v["verdict"] for pid, v in verdicts.items()}, {pid: tuple(v["files"]) for pid, v in verdicts.items()}
+    from patch_dsv4 import commands  # the full judgement: only when the hashes cannot vouch
+
+    report = commands.status(env)
+    return {p.id: p.verdict.value for p in report.patches}, {p.id: p.files for p in report.patches}
+
+
+def runtime_for(env: Environment) -> Runtime:
+    """The serving environment as the checks read it, named as the user named it."""
+    if env.interpreter is not None:
+        site_dirs = tuple(p for p in env.interpreter.search_path if p.is_dir())
+        python, machine = env.interpreter.version, env.interpreter.machine
+    elif env.target.option == "--site-packages":
+        site_dirs = (env.site_packages,)
+        python, machine = _python_of_site(env.site_packages), platform.machine()
+    else:
+        site_dirs = tuple(Path(p) for p in sys.path if p and Path(p).is_dir())
+        python, machine = platform.python_version(), platform.machine()
+    verdicts, files = patch_verdicts(env)
+    return Runtime(
+        site_dirs=site_dirs,
+        vllm_root=env.site_packages,
+        vllm_version=env.vllm_version,
+        flashinfer_version=env.flashinfer_version,
+        flashinfer_source=env.flashinfer_source,
+        python_version=python,
+        machine=machine,
+        patch_verdicts=verdicts,
+        patch_files=files,
+        target_args=env.target.args(),
+    )
+
+
+def doctor(env: Environment, pack: Path | None, serve_args: str | None, fix_config: bool = False) -> DoctorReport:
+    """Every check on ``env``, ``pack``, ``os.environ`` and the intended ``vllm serve`` arguments.
+
+    With ``fix_config``, the config edits the pack rows ask for are written first
+    (a backup of the original kept in the pack), and the checks see the result.
+    """
+    if pack is not None:
+        try:
+            is_dir = pack.is_dir()
+        except OSError as exc:
+            raise EnvironmentProblem(f"cannot use --pack {pack}", exc.strerror or str(exc)) from None
+        if not is_dir:
+            raise EnvironmentProblem(f"no pack directory at {pack}", "", "pass --pack the directory holding config.json")
+    try:
+        args = tuple(shlex.split(serve_args or ""))
+    except ValueError as exc:
+        raise EnvironmentProblem(f"cannot read --serve-args {serve_args!r}", str(exc), "quote it as a shell would") from None
+    fixed = None
+    if fix_config:
+        if pack is None:
+            raise EnvironmentProblem("--fix-config needs --pack DIR", "", "patch-dsv4 doctor --pack DIR --fix-config")
+        from .fix_config import fix_config as write_fixes
+
+        fixed = write_fixes(pack)
+    _register_checks()
+    ctx = DoctorContext(pack=pack, runtime=runtime_for(env), environ=dict(os.environ), serve_args=args)
+    rows = tuple(run_checks(ctx))
+    return DoctorReport(str(env.site_packages), env.vllm_version, str(pack) if pack else None, rows, fixed)
+
+
+def doctor_command(site_packages, python, pack, serve_args, fix_config: bool, fmt: str, verbosity: int) -> int:
+    """``patch-dsv4 doctor`` from its options (strings or paths), rendered; its exit status."""
+    from patch_dsv4.environment import locate_vllm
+    from patch_dsv4.render import render_doctor
+
+    env = locate_vllm(None if site_packages is None else Path(site_packages), python)
+    report = doctor(env, None if pack is None else Path(pack), serve_args, fix_config)
+    render_doctor(report, fmt, verbosity)
+    return report.exit_code

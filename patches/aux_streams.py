@@ -1,0 +1,145 @@
+"""Keep DeepSeek-V4's attention GEMMs off vLLM's auxiliary CUDA streams when asked to (opt-in).
+
+`DeepseekV4Model.__init__` (`nvidia/model.py`) and the MTP draft's
+`DeepSeekV4MultiTokenPredictor.__init__` (`nvidia/mtp.py`) create three
+auxiliary CUDA streams, on which `DeepseekV4Attention` runs some input
+projections (and the indexer its own) concurrently with the default stream.
+Packs whose attention linears are EXL3 (lna-lab's dense-EXL3 bakes) run
+exllamav3 kernels there, and exllamav3 keeps one cooperative-launch lock buffer
+per device, not per stream (`exl3_devctx.cuh`, every release through 1.6.5):
+two streams in those kernels at once deadlock decode with the GPU at 100 %. No
+vLLM setting turns the streams off (`VLLM_MULTI_STREAM_GEMM_TOKEN_THRESHOLD=0`
+leaves the forward fan-out and the indexer on them).
+
+With this patch, `aux_stream_list` is None (the path vLLM takes on ROCm, which
+every release's attention code handles) when `PATCH_DSV4_AUX_STREAMS=0` or, for
+lna-lab's serve script, `LNA_DSV4_AUX_STREAMS=0` is set when the model is
+built; otherwise the streams are created as before. Applied only when asked for
+(`patch-dsv4 apply --with aux-streams`), then kept by later applies.
+
+Not fixed upstream in vLLM 0.28.0-0.33.0 nor in exllamav3 1.4.0-1.6.5.
+"""
+
+from __future__ import annotations
+
+import ast
+
+from patch_dsv4.edits import ReplaceStatements, Variant, mentions_injected
+from patch_dsv4.fingerprint import find_scope
+from patch_dsv4.patch import Context, Example, Patch, Scope
+from patch_dsv4.verdicts import Outcome, Verdict
+
+MODEL = "vllm/models/deepseek_v4/nvidia/model.py"
+MTP = "vllm/models/deepseek_v4/nvidia/mtp.py"
+SWITCHES = ("PATCH_DSV4_AUX_STREAMS", "LNA_DSV4_AUX_STREAMS")
+
+ANCHOR = "aux_stream_list = [torch.cuda.Stream() for _ in range(3)]"
+REPLACEMENT = """
+# patch-dsv4 (aux-streams): no auxiliary streams when PATCH_DSV4_AUX_STREAMS=0 (EXL3 attention).
+aux_stream_list = (
+    None if _patch_dsv4_aux_streams_off() else [torch.cuda.Stream() for _ in range(3)]
+)
+"""
+
+
+def _patch_dsv4_aux_streams_off():
+    """Whether this process builds DeepSeek-V4 without vLLM's auxiliary CUDA streams.
+
+    Written by patch-dsv4 (aux-streams). True when PATCH_DSV4_AUX_STREAMS=0 or
+    LNA_DSV4_AUX_STREAMS=0: exllamav3 kernels (EXL3 attention linears) keep one
+    lock buffer per device, and two streams in them at once deadlock decode.
+    """
+    import os
+
+    return any(os.environ.get(name, "").strip() == "0" for name in ("PATCH_DSV4_AUX_STREAMS", "LNA_DSV4_AUX_STREAMS"))
+
+
+def _upstream_switch(cls: str):
+    """Upstream made the streams optional itself: the assignment is conditional, or reads vllm.envs."""
+
+    def probe(ctx: Context, tree: ast.Module | None) -> Outcome | None:
+        init = find_scope(tree, cls, "__init__") if tree is not None else None
+        if init is None or mentions_injected(init):
+            return None
+        for node in ast.walk(init):
+            if isinstance(node, ast.Assign) and any(ast.unparse(t) == "aux_stream_list" for t in node.targets):
+                value = ast.unparse(node.value)
+                if isinstance(node.value, ast.IfExp) or "envs." in value:
+                    return Outcome.upstream(f"{cls}.__init__ makes aux_stream_list optional itself: {value}")
+        return None
+
+    return probe
+
+
+class AuxStreams(Patch):
+    id = "aux-streams"
+    title = "opt-in: PATCH_DSV4_AUX_STREAMS=0 keeps attention GEMMs off vLLM's auxiliary CUDA streams"
+    opt_in = True
+    edits = tuple(
+        ReplaceStatements(
+            label=f"{what} builds no auxiliary streams when switched off",
+            file=file,
+            scope=Scope(cls, "__init__"),
+            variants=(Variant(ANCHOR, REPLACEMENT, releases="0.28.0-0.33.0"),),
+            helpers=(_patch_dsv4_aux_streams_off,),
+            probe=_upstream_switch(cls),
+        )
+        for what, file, cls in (
+            ("target model", MODEL, "DeepseekV4Model"),
+            ("MTP draft", MTP, "DeepSeekV4MultiTokenPredictor"),
+        )
+    )
+
+
+EXAMPLES = (
+    Example(
+        "streams-made-switchable",
+        MTP,
+        before='''\
+import torch
+
+
+class DeepSeekV4MultiTokenPredictor(nn.Module):
+    def __init__(self, *, vllm_config, prefix=""):
+        # Three aux streams shared across all MTP layers, mirroring DeepseekV4Model.
+        aux_stream_list = [torch.cuda.Stream() for _ in range(3)]
+        self.layers = build(aux_stream_list=aux_stream_list)
+''',
+        after='''\
+import torch
+
+
+def _patch_dsv4_aux_streams_off():
+    """Whether this process builds DeepSeek-V4 without vLLM's auxiliary CUDA streams.
+
+    Written by patch-dsv4 (aux-streams). True when PATCH_DSV4_AUX_STREAMS=0 or
+    LNA_DSV4_AUX_STREAMS=0: exllamav3 kernels (EXL3 attention linears) keep one
+    lock buffer per device, and two streams in them at once deadlock decode.
+    """
+    import os
+
+    return any(os.environ.get(name, "").strip() == "0" for name in ("PATCH_DSV4_AUX_STREAMS", "LNA_DSV4_AUX_STREAMS"))
+
+
+class DeepSeekV4MultiTokenPredictor(nn.Module):
+    def __init__(self, *, vllm_config, prefix=""):
+        # Three aux streams shared across all MTP layers, mirroring DeepseekV4Model.
+        # patch-dsv4 (aux-streams): no auxiliary streams when PATCH_DSV4_AUX_STREAMS=0 (EXL3 attention).
+        aux_stream_list = (
+            None if _patch_dsv4_aux_streams_off() else [torch.cuda.Stream() for _ in range(3)]
+        )
+        self.layers = build(aux_stream_list=aux_stream_list)
+''',
+    ),
+    Example(
+        "upstream-made-them-optional",
+        MTP,
+        before='''\
+class DeepSeekV4MultiTokenPredictor(nn.Module):
+    def __init__(self, *, vllm_config, prefix=""):
+        aux_stream_list = None if envs.VLLM_DSV4_NO_AUX_STREAMS else [torch.cuda.Stream() for _ in range(3)]
+''',
+        after=None,
+        verdict=Verdict.UPSTREAM,
+    ),
+)
