@@ -215,7 +215,7 @@ def status(env: Environment, command: str = "status") -> Report:
     patches = discover_patches()
     store = state_store(env, patches)
     view = read_state(env, store)
-    judgement = judge(context_for(env, view), patches)
+    judgement = judge(context_for(env, view), patches, plan=False)
     reports = as_opt_in(_patch_reports(env, judgement, patches, view, store), patches, _opt_in_kept(view))
     report = _report(env, command, reports, view, EXIT_OK, notes=_state_notes(view), store=store)
     return replace(report, build=build_identity(env, view))
@@ -310,7 +310,9 @@ def _apply_locked(env, store, patches, only, with_, force, dry_run, notes) -> Re
     asked = _opt_in_kept(view) | with_ids
     selected = [p for p in patches if (not p.opt_in or p.id in asked) and (not only_ids or p.id in only_ids)]
     ctx = context_for(env, view)
-    judgement = judge(ctx, patches, trust_unrecorded=force)
+    # Planned here only when every patch is selected; otherwise _plan plans the selected ones alone.
+    everything = len(selected) == len(patches)
+    judgement = judge(ctx, patches, trust_unrecorded=force, plan=everything)
     reports = as_opt_in(_patch_reports(env, judgement, patches, view, store), patches, asked)
     chosen = {p.id for p in selected}
     notes = [*notes, *_state_notes(view)]
@@ -347,8 +349,8 @@ def _apply_locked(env, store, patches, only, with_, force, dry_run, notes) -> Re
             store.remove()
             notes.append("removed the stale state")
         elif view.kind == "current" and not view.modified and not _recorded_judgement_holds(env):
-            _refresh_recorded_judgement(env, store, view, patches)
-            notes.append("recorded this build's verdicts for verify and the serve guard")
+            if _refresh_recorded_judgement(env, store, view, patches):
+                notes.append("recorded this build's verdicts for verify and the serve guard")
         report = _report(env, "apply", reports, view, EXIT_OK, "nothing to do", notes=notes, store=store)
         return replace(report, build=build_identity(env, view))
 
@@ -440,16 +442,20 @@ def _recorded_judgement_holds(env: Environment) -> bool:
     return quick.recorded_verdicts(site) is not None
 
 
-def _refresh_recorded_judgement(env: Environment, store: StateStore, view: StateView, patches: list[Patch]) -> None:
-    """Record the judgement of this build (another patch-dsv4, or another FlashInfer, made the last): one atomic write.
+def _refresh_recorded_judgement(env: Environment, store: StateStore, view: StateView, patches: list[Patch]) -> bool:
+    """Record the judgement of this build (another patch-dsv4, or another FlashInfer, made the last): one atomic
+    write, and only when it differs from what is recorded (an apply with nothing to do writes nothing twice).
 
-    Without it, verify and the guard judge in full on every run until a file changes.
+    Without it, verify and the guard judge in full on every run until a file changes. Whether it wrote.
     """
     previous = view.manifest
     manifest = Manifest(vllm_version=env.vllm_version, tool_version=__version__, opt_in=list(previous.opt_in))
     manifest.files = {rel: FileEntry(e.before, e.after, list(e.patches)) for rel, e in previous.files.items()}
     _record_judgement(env, view, manifest, patches, {})
+    if manifest.to_json() == previous.to_json():
+        return False
     store.save(manifest)
+    return True
 
 
 def _record_judgement(
@@ -457,7 +463,7 @@ def _record_judgement(
 ) -> tuple[PatchReport, ...]:
     """Judge the planned tree (as it will be on disk), keep it for verify's fast path, and return it."""
     ctx = context_for(env, view, overlay=planned)
-    judgement = judge(ctx, patches)
+    judgement = judge(ctx, patches, plan=False)
     reports = as_opt_in(_patch_reports(env, judgement, patches, _NO_STATE), patches, set(manifest.opt_in))
     manifest.verdicts = {
         r.id: {
@@ -494,7 +500,7 @@ def revert(env: Environment, lock_timeout: float = 300.0, discard_local_edits: b
                 notes.append("restored nothing from the stale state and removed it")
             elif store.remove_if_empty():
                 notes.append(f"removed the empty {STATE_DIR}/ an interrupted run left")
-            reports = as_opt_in(_patch_reports(env, judge(context_for(env), patches), patches, _NO_STATE), patches, set())
+            reports = as_opt_in(_patch_reports(env, judge(context_for(env), patches, plan=False), patches, _NO_STATE), patches, set())
             report = _report(env, "revert", reports, view, EXIT_OK, "nothing to revert", notes=notes)
             return replace(report, build=build_identity(env, _NO_STATE))
         if view.modified and not discard_local_edits:
@@ -520,7 +526,7 @@ def revert(env: Environment, lock_timeout: float = 300.0, discard_local_edits: b
         for relpath in sorted(view.modified):
             saved.append(str(store.save_local_edit(relpath, env.read_bytes(relpath) or b"")))
         write_revert(env, store, manifest, restore)
-        reports = as_opt_in(_patch_reports(env, judge(context_for(env), patches), patches, _NO_STATE), patches, set())
+        reports = as_opt_in(_patch_reports(env, judge(context_for(env), patches, plan=False), patches, _NO_STATE), patches, set())
         report = _report(
             env, "revert", reports, _NO_STATE, EXIT_OK, f"restored {len(restore)} file(s)", changed=sorted(restore),
             notes=notes,
