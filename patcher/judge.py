@@ -6,6 +6,7 @@ Pure functions over a :class:`patch_dsv4.patch.Context`: nothing here writes.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from patch_dsv4.errors import TransformBug
 from patch_dsv4.fingerprint import find_scope
@@ -33,7 +34,9 @@ def _check_names(ctx: Context, edit: Edit, outcome: Outcome, text: str) -> list[
     return check_injected(ctx, edit.file, edit.injected_code(outcome), scope_names)
 
 
-def judge(ctx: Context, patches: list[Patch], trust_unrecorded: bool = False, check_fit: bool = True) -> Judgement:
+def judge(
+    ctx: Context, patches: list[Patch], trust_unrecorded: bool = False, check_fit: bool = True, plan: bool = True
+) -> Judgement:
     """Every edit's verdict on the files as they are, and the files as the pending edits would write them.
 
     Each edit is judged on the file as it is (edits of one file stand in
@@ -49,6 +52,8 @@ def judge(ctx: Context, patches: list[Patch], trust_unrecorded: bool = False, ch
 
     ``check_fit`` checks that the injected code fits the release (every name
     it reads and imports exists there); examples, which hold one file, skip it.
+    ``plan=False`` gives the verdicts alone (``planned`` stays empty): for
+    reports, which write nothing; what writes plans, and proves its plan.
     """
     outcomes: dict[str, list[tuple[Edit, Outcome]]] = {}
     originals: dict[str, bytes | None] = {}
@@ -71,6 +76,8 @@ def judge(ctx: Context, patches: list[Patch], trust_unrecorded: bool = False, ch
                 pairs.append((edit, outcome))
         reads[patch.id] = read
         outcomes[patch.id] = _untrusted_to_drifted(ctx, pairs, read, trust_unrecorded)
+    if not plan:
+        return Judgement(outcomes, originals, {}, reads)
     planned_text = _rewrite(outcomes, texts)
     _prove_idempotent(ctx, outcomes, planned_text)
     planned = {path: ctx.source(path).encode(text) for path, text in planned_text.items()}
@@ -86,16 +93,23 @@ def _rewrite(outcomes: dict[str, list[tuple[Edit, Outcome]]], texts: dict[str, s
                 pending.setdefault(edit.file, []).append((edit, outcome))
     if not pending:
         return {}
-    import libcst as cst
-
     planned = {}
     for path, edits in pending.items():
-        module = cst.parse_module(texts[path])
+        module = _cst_module(texts[path])
         for edit, outcome in edits:
             module = edit.rewrite(module, outcome)
-        if module.code != texts[path]:
-            planned[path] = module.code
+        code = module.code  # one codegen: it costs as much as the parse
+        if code != texts[path]:
+            planned[path] = code
     return planned
+
+
+@lru_cache(maxsize=8)
+def _cst_module(text: str):
+    """The libcst tree of ``text`` (immutable, so shared by the runs of one process that plan the same file)."""
+    import libcst as cst
+
+    return cst.parse_module(text)
 
 
 def _untrusted_to_drifted(ctx, pairs, read, trust_unrecorded):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import sys
 from contextlib import contextmanager
+from functools import lru_cache
 from dataclasses import dataclass
 from typing import Callable, ClassVar, Iterator, Sequence
 
@@ -39,6 +40,15 @@ class _File:
     problem: FileProblem | None
 
 
+@lru_cache(maxsize=32)
+def parse_text(text: str) -> ast.Module:
+    """``ast.parse(text)``, kept for the few dozen texts a run (or a test session's runs) reads again.
+
+    The trees are shared: nothing may change them (the fingerprint's cache on a node is the same for every reader).
+    """
+    return ast.parse(text)
+
+
 class Context:
     """What a patch may look at: the target's files and releases, never imported.
 
@@ -66,7 +76,6 @@ class Context:
         self._check_installed = check_installed
         self._files: dict[str, _File] = {}
         self._trees: dict[str, ast.Module | None] = {}
-        self._parsed: dict[int, tuple[str, ast.Module]] = {}
         self._readers: list[set[str]] = []
 
     @classmethod
@@ -119,11 +128,7 @@ class Context:
 
     def parse(self, text: str) -> ast.Module:
         """``ast.parse(text)``, each distinct text parsed once (SyntaxError propagates)."""
-        key = hash(text)
-        cached = self._parsed.get(key)
-        if cached is None or cached[0] != text:
-            cached = self._parsed[key] = (text, ast.parse(text))
-        return cached[1]
+        return parse_text(text)
 
     def ast(self, relpath: str) -> ast.Module | None:
         """The parsed file, or None when absent or not valid Python."""
