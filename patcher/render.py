@@ -71,7 +71,22 @@ def _evidence(patch: PatchReport, verbose: bool) -> list[str]:
     if not verbose and patch.verdict.value not in EXPLAINED:
         return []
     sentences = [e.detail for e in patch.edits if verbose or e.verdict is patch.verdict] or [patch.detail]
-    return list(dict.fromkeys(s.replace(PACKAGE_PREFIX, "") for s in sentences if s))
+    return _merge_shared_reasons(list(dict.fromkeys(s.replace(PACKAGE_PREFIX, "") for s in sentences if s)))
+
+
+def _merge_shared_reasons(sentences: list[str]) -> list[str]:
+    """``a: why`` and ``b: why`` become ``a; b: why``: one reason is said once, after everything it explains."""
+    subjects: dict[str, list[str]] = {}
+    order: list[str] = []
+    for sentence in sentences:
+        subject, sep, reason = sentence.partition(": ")
+        key = reason if sep else sentence
+        if key not in subjects:
+            subjects[key] = []
+            order.append(key)
+        if sep:
+            subjects[key].append(subject)
+    return [f"{'; '.join(subjects[key])}: {key}" if subjects[key] else key for key in order]
 
 
 def text_lines(report: Report, style: Style, per_patch: Callable[[str], list[str]] | None = None) -> list[str]:
@@ -107,7 +122,7 @@ def text_lines(report: Report, style: Style, per_patch: Callable[[str], list[str
             lines.extend(_wrap_fitting(extra, style.width, "      "))
         for edit in patch.edits:
             if edit.verdict.value in ("drifted", "modified") and edit.expected is not None and (
-                style.verbosity > 0 or edit.found is not None
+                style.verbosity > 0 or (edit.found is not None and edit.found not in edit.detail)
             ):
                 lines.append(f"      in {short_path(edit.file)}:{edit.scope}, expected:")
                 lines.extend("        " + line for line in edit.expected.splitlines())
