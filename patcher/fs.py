@@ -281,51 +281,53 @@ class Dir:
                 continue
             return tmp, fd
 
+    def _filled_temp(self, name: str, data: bytes, owner: Owner) -> str:
+        """A new temp file beside ``name`` holding ``data`` with ``owner``, synced to disk; removed if that fails."""
+        tmp, fd = self._create_temp(name)
+        try:
+            try:
+                _write_all(fd, data, name)
+                _apply_owner(fd, owner, owner.mode)
+                checkpoint(f"fsync:{name}")
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except BaseException:
+            self._discard(tmp)
+            raise
+        return tmp
+
+    def _discard(self, tmp: str) -> None:
+        try:
+            os.unlink(tmp, dir_fd=self.fd)
+        except OSError:
+            pass
+
     def write_atomic(self, name: str, data: bytes, owner: Owner) -> None:
         """Replace ``name`` by ``data`` (temp file, fsync, rename): readers see old or new, never a mix.
 
         A symlink at ``name`` is replaced by a regular file, never written through.
         """
-        tmp, fd = self._create_temp(name)
+        tmp = self._filled_temp(name, data, owner)
         try:
-            try:
-                _write_all(fd, data, name)
-                _apply_owner(fd, owner, owner.mode)
-                checkpoint(f"fsync:{name}")
-                os.fsync(fd)
-            finally:
-                os.close(fd)
             checkpoint(f"replace:{name}")
             os.replace(tmp, name, src_dir_fd=self.fd, dst_dir_fd=self.fd)
         except BaseException:
-            try:
-                os.unlink(tmp, dir_fd=self.fd)
-            except OSError:
-                pass
+            self._discard(tmp)
             raise
         self.fsync()
 
     def create_new(self, name: str, data: bytes, owner: Owner) -> bool:
         """Create ``name`` with ``data``, complete or not at all, never replacing what is there; whether it did."""
-        tmp, fd = self._create_temp(name)
+        tmp = self._filled_temp(name, data, owner)
         try:
-            try:
-                _write_all(fd, data, name)
-                _apply_owner(fd, owner, owner.mode)
-                checkpoint(f"fsync:{name}")
-                os.fsync(fd)
-            finally:
-                os.close(fd)
             checkpoint(f"link:{name}")
             try:
                 os.link(tmp, name, src_dir_fd=self.fd, dst_dir_fd=self.fd, follow_symlinks=False)
             except FileExistsError:
                 return False
         finally:
-            try:
-                os.unlink(tmp, dir_fd=self.fd)
-            except OSError:
-                pass
+            self._discard(tmp)
         self.fsync()
         return True
 

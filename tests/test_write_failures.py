@@ -127,6 +127,7 @@ def test_apply_over_an_earlier_apply_fails_at_every_write_step(make_tree):
         assert _state(tree) == state, n
         assert not _leftovers(tree)
     assert n > 20
+    print(f"apply over an earlier apply: {n - 1} write steps")
 
 
 def test_revert_fails_at_every_write_step(make_tree):
@@ -158,6 +159,7 @@ def test_revert_fails_at_every_write_step(make_tree):
         assert content_snapshot(tree) == patched and _state(tree) == state
         assert not _leftovers(tree)
     assert n > 10
+    print(f"revert: {n - 1} write steps")
 
 
 # -- real obstacles (root, mounts, attributes) --------------------------------------------
