@@ -24,7 +24,6 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
-import posixpath
 import re
 import secrets
 import stat
@@ -33,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-from patch_dsv4.errors import EnvironmentProblem
+from patch_dsv4.manifest_rules import UnsafePath, checked_relpath
 
 #: Source files bigger than this are not plausible Python modules; they are never read whole.
 MAX_SOURCE_BYTES = 32 << 20
@@ -74,24 +73,6 @@ def set_fault_hook(hook: Callable[[str], None] | None) -> None:
 
 
 # -- paths -----------------------------------------------------------------------
-class UnsafePath(EnvironmentProblem):
-    """A path that would leave the environment, or a file that is not what it must be."""
-
-
-def checked_relpath(relpath: object, what: str = "path") -> tuple[str, ...]:
-    """The parts of a relative, normalised POSIX path; UnsafePath otherwise."""
-    if not isinstance(relpath, str) or not relpath:
-        raise UnsafePath(f"{what} {relpath!r} is not a relative path")
-    if "\0" in relpath or "\\" in relpath:
-        raise UnsafePath(f"{what} {relpath!r} holds a NUL or a backslash")
-    if relpath.startswith("/") or posixpath.normpath(relpath) != relpath:
-        raise UnsafePath(f"{what} {relpath!r} is not relative and normalised")
-    parts = tuple(relpath.split("/"))
-    if any(part in ("", ".", "..") for part in parts):
-        raise UnsafePath(f"{what} {relpath!r} is not relative and normalised")
-    return parts
-
-
 def is_temp_name(name: str) -> bool:
     """Whether ``name`` is the name of one of our temp files."""
     return _TEMP_RE.fullmatch(name) is not None

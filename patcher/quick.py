@@ -21,12 +21,12 @@ import os
 import posixpath
 import re
 import stat
-from dataclasses import dataclass
+from functools import lru_cache
+
+from patch_dsv4.manifest_rules import READABLE_SCHEMAS, InvalidManifest, check_manifest
 
 STATE_DIR = ".patch-dsv4"
 MANIFEST = "manifest.json"
-#: Manifest schemas this version reads (1: written before the patch digest was recorded).
-READABLE_SCHEMAS = (1, 2)
 _SOURCE_LIMIT = 32 << 20
 _NAME_RE = re.compile(r"[-_.]+")
 
@@ -42,12 +42,14 @@ def canonical(name: str) -> str:
     return _NAME_RE.sub("-", name).lower()
 
 
-@dataclass(frozen=True)
 class DistInfo:
-    name: str
-    version: str
-    root: str  # the directory holding the dist-info (and the package)
-    metadata: str
+    """A distribution found on the search path (a plain class: the guard builds no dataclass at import)."""
+
+    __slots__ = ("name", "version", "root", "metadata")
+
+    def __init__(self, name: str, version: str, root: str, metadata: str) -> None:
+        self.name, self.version, self.metadata = name, version, metadata
+        self.root = root  # the directory holding the dist-info (and the package)
 
 
 def _metadata_headers(text: str) -> dict[str, list[str]]:
@@ -71,7 +73,9 @@ def find_dist(name: str, search_path: list[str]) -> DistInfo | None | bool:
             continue
         found = []
         for dist_info in names:
-            if dist_info.endswith(".dist-info") and canonical(dist_info[: -len(".dist-info")].rpartition("-")[0]) == wanted:
+            if dist_info[:1].lower() != wanted[0] or not dist_info.endswith(".dist-info"):
+                continue  # most entries of a big environment, passed over without a regex
+            if canonical(dist_info[: -len(".dist-info")].rpartition("-")[0]) == wanted:
                 try:
                     with open(os.path.join(entry, dist_info, "METADATA"), encoding="utf-8") as fh:
                         text = fh.read(1 << 20)
@@ -87,7 +91,10 @@ def find_dist(name: str, search_path: list[str]) -> DistInfo | None | bool:
     return None
 
 
-_PIN_RE = re.compile(r"^flashinfer[-_.]python\s*\(?\s*==\s*([A-Za-z0-9.+!_-]+)\s*\)?\s*$", re.I)
+@lru_cache(maxsize=1)
+def _pin_re() -> re.Pattern:
+    """Compiled when first needed (about 1 ms: most environments have FlashInfer installed and never ask)."""
+    return re.compile(r"^flashinfer[-_.]python\s*\(?\s*==\s*([A-Za-z0-9.+!_-]+)\s*\)?\s*$", re.I)
 
 
 def pinned_flashinfer(metadata: str) -> str | None | bool:
@@ -96,7 +103,7 @@ def pinned_flashinfer(metadata: str) -> str | None | bool:
         spec, _, marker = requirement.partition(";")
         if not canonical(spec.split("=")[0].split("(")[0].strip()).startswith("flashinfer-python"):
             continue
-        found = _PIN_RE.match(spec.strip())
+        found = _pin_re().match(spec.strip())
         if found is None:
             return False
         if marker.strip():
@@ -105,14 +112,16 @@ def pinned_flashinfer(metadata: str) -> str | None | bool:
     return None
 
 
-@dataclass(frozen=True)
 class Site:
     """The installed vLLM (and FlashInfer) as the fast path sees it."""
 
-    site_packages: str
-    vllm_version: str
-    flashinfer_version: str | None
-    flashinfer_source: str | None
+    __slots__ = ("site_packages", "vllm_version", "flashinfer_version", "flashinfer_source")
+
+    def __init__(
+        self, site_packages: str, vllm_version: str, flashinfer_version: str | None, flashinfer_source: str | None
+    ) -> None:
+        self.site_packages, self.vllm_version = site_packages, vllm_version
+        self.flashinfer_version, self.flashinfer_source = flashinfer_version, flashinfer_source
 
 
 def locate(search_path: list[str]) -> Site | None:
@@ -230,25 +239,24 @@ def anchors_record(vllm_version: str) -> dict | None:
 
 
 def _well_formed(manifest: dict, record: dict) -> bool:
-    """The state's own rules (patch_dsv4.state), with the record's patches standing for the patch definitions:
+    """The state's own rules (patch_dsv4.manifest_rules), with the record's patches standing for the patch definitions:
     a manifest the full path would call unreadable is never vouched for here."""
-    from patch_dsv4.state import manifest_from_data
-
     declared = {a["file"] for entry in record["patches"].values() for a in entry.get("anchors", [])}
     try:
-        manifest_from_data(manifest, declared, record["patches"])
-    except (ValueError, RecursionError):
+        check_manifest(manifest, declared, record["patches"])
+    except (InvalidManifest, RecursionError):
         return False
     return True
 
 
-@dataclass(frozen=True)
 class Recorded:
     """The verdicts a state recorded, vouched for by the hashes: what verify reports and the guard checks."""
 
-    verdicts: dict  # patch id -> {"title", "verdict", "files", "detail", "edits"}
-    build_detail: str
-    opt_in: tuple[str, ...]
+    __slots__ = ("verdicts", "build_detail", "opt_in")
+
+    def __init__(self, verdicts: dict, build_detail: str, opt_in: tuple[str, ...]) -> None:
+        self.verdicts = verdicts  # patch id -> {"title", "verdict", "files", "detail", "edits"}
+        self.build_detail, self.opt_in = build_detail, opt_in
 
 
 def same_flashinfer(record: dict, version: str | None) -> bool:

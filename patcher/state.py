@@ -21,7 +21,6 @@ import fcntl
 import json
 import math
 import os
-import re
 import stat
 import time
 from contextlib import contextmanager
@@ -30,16 +29,14 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 from patch_dsv4.errors import EnvironmentProblem
-from patch_dsv4.fs import Dir, Owner, UnsafePath, checked_relpath, describe, is_temp_name
-from patch_dsv4.quick import READABLE_SCHEMAS
+from patch_dsv4.fs import Dir, Owner, describe, is_temp_name
+from patch_dsv4.manifest_rules import UnsafePath, check_manifest, checked_relpath
 
 SCHEMA_VERSION = 2
 STATE_DIR = ".patch-dsv4"
 LOCK_FILE = ".patch-dsv4.lock"
 MANIFEST = "manifest.json"
 SAVED_EDITS = "saved-edits"  # hand edits kept by revert --discard-local-edits: never removed by us
-_SHA256 = re.compile(r"[0-9a-f]{64}")
-_VERDICTS = ("applied", "pending", "upstream", "not-applicable", "drifted", "modified", "opt-in")
 FILE_MODE, DIR_MODE = 0o644, 0o755
 
 
@@ -84,121 +81,28 @@ class Manifest:
         return json.dumps(data, indent=2, sort_keys=True) + "\n"
 
 
-class _Invalid(ValueError):
-    pass
-
-
-def _expect(cond: bool, what: str) -> None:
-    if not cond:
-        raise _Invalid(what)
-
-
-def _str(value, what: str, optional: bool = False):
-    _expect(isinstance(value, str) or (optional and value is None), f"{what} is not a string")
-    return value
-
-
-def _sha(value, what: str, optional: bool = False):
-    _expect(
-        (isinstance(value, str) and _SHA256.fullmatch(value) is not None) or (optional and value is None),
-        f"{what} is not a sha256",
-    )
-    return value
-
-
-def _obj(value, what: str) -> dict:
-    _expect(isinstance(value, dict), f"{what} is not an object")
-    return value
-
-
-def _declared(rel, declared: frozenset[str], what: str) -> str:
-    try:
-        checked_relpath(rel, what)
-    except UnsafePath as exc:
-        raise _Invalid(exc.what) from None
-    _expect(rel in declared, f"{what} {rel!r} is not a file any patch edits")
-    return rel
-
-
-def _source_path(rel, what: str) -> str:
-    try:
-        parts = checked_relpath(rel, what)
-    except UnsafePath as exc:
-        raise _Invalid(exc.what) from None
-    _expect(parts[0] == "vllm" and rel.endswith(".py"), f"{what} {rel!r} is not a source file of vllm/")
-    return rel
-
-
 def parse_manifest(text: str, declared: Iterable[str], patch_ids: Iterable[str]) -> Manifest:
     """The Manifest in ``text``, checked field by field; ValueError naming the first problem."""
     return manifest_from_data(json.loads(text), declared, patch_ids)
 
 
 def manifest_from_data(data: object, declared: Iterable[str], patch_ids: Iterable[str]) -> Manifest:
-    """The Manifest of a parsed manifest document, checked field by field; ValueError naming the first problem."""
-    declared = frozenset(declared)
-    ids = frozenset(patch_ids)
-    data = _obj(data, "the manifest")
-    _expect(data.get("schema") in READABLE_SCHEMAS, f"schema {data.get('schema')!r}, this tool reads {READABLE_SCHEMAS}")
-    files = {}
-    for rel, entry in _obj(data.get("files"), "files").items():
-        _declared(rel, declared, "file")
-        entry = _obj(entry, f"files[{rel}]")
-        patches = entry.get("patches")
-        _expect(isinstance(patches, list) and all(p in ids for p in patches), f"files[{rel}].patches names unknown patches")
-        files[rel] = FileEntry(_sha(entry.get("before"), "before"), _sha(entry.get("after"), "after"), list(patches))
-    verdicts = {}
-    for pid, v in _obj(data.get("verdicts", {}), "verdicts").items():
-        v = _obj(v, f"verdicts[{pid}]")
-        _expect(pid in ids, f"verdicts names unknown patch {pid!r}")
-        _expect(v.get("verdict") in _VERDICTS, f"verdicts[{pid}].verdict is not a verdict")
-        _str(v.get("title"), "title")
-        _str(v.get("detail"), "detail")
-        _expect(isinstance(v.get("files"), list), f"verdicts[{pid}].files is not a list")
-        for rel in v["files"]:
-            _declared(rel, declared, "verdict file")
-        edits = v.get("edits", [])
-        _expect(isinstance(edits, list), f"verdicts[{pid}].edits is not a list")
-        for edit in edits:
-            edit = _obj(edit, f"verdicts[{pid}].edits[]")
-            _declared(edit.get("file"), declared, "verdict edit file")
-            _expect(edit.get("verdict") in _VERDICTS, f"verdicts[{pid}].edits[].verdict is not a verdict")
-            for key in ("label", "scope", "detail"):
-                _str(edit.get(key), f"verdicts[{pid}].edits[].{key}")
-            for key in ("expected", "found"):
-                _str(edit.get(key), f"verdicts[{pid}].edits[].{key}", optional=True)
-        verdicts[pid] = v
-    inputs = {
-        _source_path(rel, "input"): _sha(sha, f"inputs[{rel}]", optional=True)
-        for rel, sha in _obj(data.get("inputs", {}), "inputs").items()
-    }
-    flashinfer = _obj(data.get("flashinfer", {}), "flashinfer")
-    for key, value in flashinfer.items():
-        _expect(key in ("version", "source"), f"flashinfer has an unknown key {key!r}")
-        _str(value, f"flashinfer.{key}", optional=True)
-    opt_in = data.get("opt_in", [])
-    _expect(isinstance(opt_in, list) and all(p in ids for p in opt_in), "opt_in names unknown patches")
-    transaction = data.get("transaction")
-    if transaction is not None:
-        transaction = _obj(transaction, "transaction")
-        _expect(transaction.get("op") in ("apply", "revert"), f"unknown journal operation {transaction.get('op')!r}")
-        moves = _obj(transaction.get("files"), "transaction.files")
-        for rel, move in moves.items():
-            _declared(rel, declared, "journal file")
-            move = _obj(move, f"transaction.files[{rel}]")
-            _sha(move.get("from"), f"transaction.files[{rel}].from")
-            _sha(move.get("to"), f"transaction.files[{rel}].to")
-            _expect(rel in files, f"the journal moves {rel}, which the manifest does not list")
+    """The Manifest of a parsed manifest document (:func:`check_manifest`'s rules); ValueError naming the first
+    problem."""
+    data = check_manifest(data, declared, patch_ids)
     return Manifest(
-        vllm_version=_str(data.get("vllm_version"), "vllm_version"),
-        tool_version=_str(data.get("tool_version"), "tool_version"),
-        files=files,
-        verdicts=verdicts,
-        inputs=inputs,
-        flashinfer=dict(flashinfer),
-        patch_digest=_str(data.get("patch_digest"), "patch_digest", optional=True),
-        opt_in=list(opt_in),
-        transaction=transaction,
+        vllm_version=data["vllm_version"],
+        tool_version=data["tool_version"],
+        files={
+            rel: FileEntry(entry["before"], entry["after"], list(entry["patches"]))
+            for rel, entry in data["files"].items()
+        },
+        verdicts=dict(data.get("verdicts", {})),
+        inputs=dict(data.get("inputs", {})),
+        flashinfer=dict(data.get("flashinfer", {})),
+        patch_digest=data.get("patch_digest"),
+        opt_in=list(data.get("opt_in", [])),
+        transaction=data.get("transaction"),
         schema=data["schema"],
     )
 
