@@ -126,13 +126,31 @@ def test_a_bug_in_the_guard_never_stops_vllm_in_warn_mode(make_tree, running, mo
         guard.check()
 
 
-def test_the_guard_module_imports_nothing_heavy():
+HEAVY = ("libcst", "typer", "rich", "packaging", "importlib.metadata", "patch_dsv4.commands", "patch_dsv4.state")
+
+
+def _heavy_modules_after(code: str) -> list[str]:
     import subprocess
 
+    probe = code + f"; print(sorted(m for m in {HEAVY!r} if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    return eval(out.strip().splitlines()[-1])
+
+
+def test_the_guard_module_imports_nothing_heavy():
+    assert _heavy_modules_after("import sys; import patch_dsv4.guard") == []
+
+
+@pytest.mark.parametrize("applied", [True, False], ids=["applied-tree", "pristine-known-build"])
+def test_the_guard_decides_without_importing_anything_heavy(applied, make_tree, cli):
+    """Its check, in a fresh interpreter playing the vLLM of the tree: no libcst, Typer, rich or state module."""
+    tree = make_tree("0.30.0")
+    install_flashinfer_sources(tree, PINNED_FLASHINFER["0.30.0"])
+    if applied:
+        assert cli("apply", "--site-packages", tree).code == 0
     code = (
-        "import sys; import patch_dsv4.guard;"
-        "print(sorted(m for m in ('libcst', 'typer', 'rich', 'packaging', 'importlib.metadata', 'patch_dsv4.commands')"
-        " if m in sys.modules))"
+        "import sys, types, logging; logging.basicConfig(level=logging.DEBUG);"
+        f"m = types.ModuleType('vllm'); m.__file__ = {str(tree / 'vllm' / '__init__.py')!r}; sys.modules['vllm'] = m;"
+        "import patch_dsv4.guard as g; g.check()"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "[]"
+    assert _heavy_modules_after(code) == []
