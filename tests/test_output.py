@@ -158,6 +158,21 @@ def test_failures_name_the_next_command_for_the_same_target(kind, three_targets)
     assert "apply --force" in refused.stderr
 
 
+def test_a_reason_shared_by_several_edits_is_said_once(make_tree, monkeypatch):
+    """A hand edit to vl_model.py leaves loader-skips' three edits without evidence: one reason, once."""
+    tree = make_tree("0.30.0")
+    assert run_cli("apply", "--site-packages", tree).code == 0
+    hand_edit(tree / VL_MODEL, (tree / VL_MODEL).read_text() + "\n# a local hotfix\n")
+    monkeypatch.setenv("COLUMNS", "80")
+    verify = run_cli("verify", "--site-packages", tree)
+    assert verify.code == 1
+    text = " ".join(verify.stdout.split())  # wrapped at 80 columns: join the lines again
+    assert text.count("differs from pip's RECORD") == 1, verify.stdout
+    for label in ("text class ignores the vision tower", "target loader skips gate biases", "DSpark draft loader"):
+        assert label in text, label
+    assert all(len(line) <= 80 for line in verify.stdout.splitlines()), verify.stdout
+
+
 def test_a_hand_edited_patched_file_has_a_way_out_that_loses_nothing(make_tree, cli):
     tree = make_tree("0.30.0")
     original = (tree / VL_MODEL).read_bytes()
