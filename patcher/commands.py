@@ -244,7 +244,7 @@ def verify(env: Environment) -> Report:
     store = state_store(env)
     view = read_state(env, store)
     if view.kind == "current" and not view.modified:
-        site = quick.Site(str(env.site_packages), env.vllm_version, env.flashinfer_version, env.flashinfer_source)
+        site = quick.site_of(env)
         recorded = quick.recorded_verdicts(site)
         if recorded is not None:
             return quick.recorded_report(site, recorded, env.target.args())
@@ -359,7 +359,7 @@ def _apply_locked(env, store, patches, only, with_, force, dry_run, notes) -> Re
         store.remove()
     manifest = Manifest(vllm_version=env.vllm_version, tool_version=__version__)
     if previous is not None:
-        manifest.files = {rel: FileEntry(e.before, e.after, list(e.patches)) for rel, e in previous.files.items()}
+        manifest.files = _copied_files(previous)
     manifest.opt_in = sorted(asked & {p.id for p in patches if p.opt_in})
     for relpath, data in planned.items():
         entry = manifest.files.get(relpath)
@@ -437,8 +437,13 @@ def _plan(env, store, view, patches, selected, judgement, force) -> tuple[dict[s
     return dict(plan_j.planned), owners
 
 
+def _copied_files(manifest: Manifest) -> dict[str, FileEntry]:
+    """The file table of ``manifest``, copied (a new manifest starts from it and may change its entries)."""
+    return {rel: FileEntry(e.before, e.after, list(e.patches)) for rel, e in manifest.files.items()}
+
+
 def _recorded_judgement_holds(env: Environment) -> bool:
-    site = quick.Site(str(env.site_packages), env.vllm_version, env.flashinfer_version, env.flashinfer_source)
+    site = quick.site_of(env)
     return quick.recorded_verdicts(site) is not None
 
 
@@ -450,7 +455,7 @@ def _refresh_recorded_judgement(env: Environment, store: StateStore, view: State
     """
     previous = view.manifest
     manifest = Manifest(vllm_version=env.vllm_version, tool_version=__version__, opt_in=list(previous.opt_in))
-    manifest.files = {rel: FileEntry(e.before, e.after, list(e.patches)) for rel, e in previous.files.items()}
+    manifest.files = _copied_files(previous)
     _record_judgement(env, view, manifest, patches, {})
     if manifest.to_json() == previous.to_json():
         return False

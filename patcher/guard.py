@@ -93,40 +93,14 @@ def judge_this_vllm() -> list[tuple[str, str, list[str]]]:
     search = [site_dir] if site_dir else [p for p in sys.path if p]
     site = quick.locate([*search, *(p for p in sys.path if p and p != site_dir)])
     if site is not None and (site_dir is None or os.path.realpath(site.site_packages) == os.path.realpath(site_dir)):
-        hasher = quick.Hasher(site.site_packages)
-        manifest = quick.read_manifest(site.site_packages)
-        if manifest is not None:
-            recorded = quick.recorded_verdicts(site, manifest, hasher)
-            if recorded is not None:
-                return _failing(recorded.verdicts.items())
-        else:
-            verdicts = from_anchors(quick, site, hasher)
-            if verdicts is not None:
-                return _failing(verdicts.items())
+        verdicts = quick.known_verdicts(site)
+        if verdicts is not None:
+            return _failing(verdicts.items())
     return _full_judgement(site_dir)
 
 
 def _failing(items) -> list[tuple[str, str, list[str]]]:
     return [(pid, v["verdict"], list(v["files"])) for pid, v in sorted(items) if v["verdict"] in NEEDS_ACTION]
-
-
-def from_anchors(quick, site, hasher) -> dict | None:
-    """A pristine known build (no state): the verdicts anchors/ recorded for it, if its files hash as recorded."""
-    record = quick.anchors_record(site.vllm_version)
-    if record is None or not quick.same_flashinfer(record, site.flashinfer_version):
-        return None
-    try:
-        if any(hasher(rel) != sha for rel, sha in record["files"].items()):
-            return None
-        return {
-            pid: {
-                "verdict": "opt-in" if entry.get("opt_in") and entry["verdict"] == "pending" else entry["verdict"],
-                "files": sorted({a["file"] for a in entry.get("anchors", [])}),
-            }
-            for pid, entry in record["patches"].items()
-        }
-    except (KeyError, TypeError, AttributeError):
-        return None
 
 
 def _full_judgement(site_dir: str | None) -> list[tuple[str, str, list[str]]]:

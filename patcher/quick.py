@@ -124,6 +124,11 @@ class Site:
         self.flashinfer_version, self.flashinfer_source = flashinfer_version, flashinfer_source
 
 
+def site_of(env) -> Site:
+    """The Site of a located environment (any object with the Environment's four attributes)."""
+    return Site(str(env.site_packages), env.vllm_version, env.flashinfer_version, env.flashinfer_source)
+
+
 def locate(search_path: list[str]) -> Site | None:
     """vLLM and FlashInfer on ``search_path``, read from dist-info files; None when anything is unusual."""
     vllm = find_dist("vllm", search_path)
@@ -319,6 +324,36 @@ def recorded_verdicts(site: Site, manifest: dict | None = None, hasher: Hasher |
         return None
     detail = f"known build: vLLM {site.vllm_version} matches anchors/vllm-{site.vllm_version}.json ({len(record['files'])} files)"
     return Recorded(verdicts, detail, opt_in)
+
+
+def anchored_verdicts(site: Site, hasher: Hasher) -> dict | None:
+    """A pristine known build (no state): the verdicts anchors/ recorded for it, if its files hash as recorded."""
+    record = anchors_record(site.vllm_version)
+    if record is None or not same_flashinfer(record, site.flashinfer_version):
+        return None
+    try:
+        if any(hasher(rel) != sha for rel, sha in record["files"].items()):
+            return None
+        return {
+            pid: {
+                "verdict": "opt-in" if entry.get("opt_in") and entry["verdict"] == "pending" else entry["verdict"],
+                "files": sorted({a["file"] for a in entry.get("anchors", [])}),
+            }
+            for pid, entry in record["patches"].items()
+        }
+    except (KeyError, TypeError, AttributeError):
+        return None
+
+
+def known_verdicts(site: Site) -> dict | None:
+    """Each patch's {"verdict", "files", ...} decided from hashes alone: the state's recorded judgement when
+    there is a state, the anchors' record on a pristine known build; None when the hashes cannot vouch."""
+    hasher = Hasher(site.site_packages)
+    manifest = read_manifest(site.site_packages)
+    if manifest is None:
+        return anchored_verdicts(site, hasher)
+    recorded = recorded_verdicts(site, manifest, hasher)
+    return recorded.verdicts if recorded is not None else None
 
 
 def recorded_report(site: Site, recorded: Recorded, target_args: str = ""):

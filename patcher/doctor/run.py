@@ -77,17 +77,9 @@ def _python_of_site(site: Path) -> str | None:
 
 def patch_verdicts(env: Environment) -> tuple[dict[str, str], dict[str, tuple[str, ...]]]:
     """Each patch's verdict on ``env`` and its files: from the hashes when they vouch, else judged in full."""
-    from patch_dsv4 import guard, quick
+    from patch_dsv4 import quick
 
-    site = quick.Site(str(env.site_packages), env.vllm_version, env.flashinfer_version, env.flashinfer_source)
-    hasher = quick.Hasher(site.site_packages)
-    manifest = quick.read_manifest(site.site_packages)
-    verdicts = None
-    if manifest is not None:
-        recorded = quick.recorded_verdicts(site, manifest, hasher)
-        verdicts = recorded.verdicts if recorded is not None else None
-    else:
-        verdicts = guard.from_anchors(quick, site, hasher)
+    verdicts = quick.known_verdicts(quick.site_of(env))
     if verdicts is not None:
         return {pid: v["verdict"] for pid, v in verdicts.items()}, {pid: tuple(v["files"]) for pid, v in verdicts.items()}
     from patch_dsv4 import commands  # the full judgement: only when the hashes cannot vouch
