@@ -16,10 +16,48 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Callable, Iterable, Mapping
 
 SCHEMA_VERSION = 1
 RECORD_COMMAND = "patch-dsv4 anchors record --all"
+#: The package whose file set a record lists: a file added or removed there makes another build.
+PACKAGE_DIR = "vllm/models/deepseek_v4"
+
+
+def package_files(names: Iterable[str]) -> list[str]:
+    """The Python files of the DeepSeek-V4 package among ``names`` (relative paths), sorted."""
+    prefix = PACKAGE_DIR + "/"
+    return sorted(
+        n for n in names if n.startswith(prefix) and n.endswith(".py") and "/__pycache__/" not in n[len(prefix) - 1 :]
+    )
+
+
+def listed_package_files(site: str | Path) -> list[str]:
+    """The Python files of the DeepSeek-V4 package under ``site`` as they are on disk (links not followed)."""
+    import os
+
+    root = os.path.join(str(site), PACKAGE_DIR)
+    found = []
+    for current, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        rel = os.path.relpath(current, str(site)).replace(os.sep, "/")
+        found.extend(f"{rel}/{name}" for name in files if name.endswith(".py"))
+    return package_files(found)
+
+
+def file_set_change(record: Mapping, files: Iterable[str] | None) -> str | None:
+    """How ``files`` differ from the package files the record lists (None: the same, or nothing to compare)."""
+    recorded = record.get("package_files")
+    if files is None or not isinstance(recorded, list):
+        return None
+    now, then = set(files), set(recorded)
+    if now == then:
+        return None
+    added, removed = sorted(now - then), sorted(then - now)
+    parts = [f"{added[0]} added" + (f" (and {len(added) - 1} more)" if len(added) > 1 else "")] if added else []
+    if removed:
+        parts.append(f"{removed[0]} removed" + (f" (and {len(removed) - 1} more)" if len(removed) > 1 else ""))
+    return ", ".join(parts)
 
 
 def anchors_dir() -> Path:
@@ -101,19 +139,25 @@ def known_release(
     vllm_version: str,
     file_hashes: Mapping[str, str | None] | Callable[[str], str | None],
     directory: Path | None = None,
+    files: Iterable[str] | None = None,
 ) -> BuildMatch:
     """Is this build of ``vllm_version`` the one recorded in anchors/?
 
     ``file_hashes`` gives the hex sha256 of a file of the tree by its relative
     path (``vllm/models/...``), None when the file is absent: a mapping, or a
     callable (e.g. ``lambda rel: sha256_path(env.path(rel))``), asked only for
-    the files the record lists (:func:`recorded_files`).
+    the files the record lists (:func:`recorded_files`). ``files`` are the
+    Python files of the DeepSeek-V4 package in the tree (:func:`package_files`):
+    one added or removed makes another build.
     """
     record = load(vllm_version, directory)
     if record is None:
         versions = recorded_versions(directory)
         span = f"{versions[0]}-{versions[-1]}" if versions else "none"
         return BuildMatch(False, vllm_version, f"unknown build: no anchors recorded for vLLM {vllm_version} (recorded: {span})")
+    change = file_set_change(record, files)
+    if change is not None:
+        return BuildMatch(False, vllm_version, f"unknown build of vLLM {vllm_version}: {change} in {PACKAGE_DIR}")
     lookup = file_hashes if callable(file_hashes) else file_hashes.get
     mismatched = tuple(rel for rel, sha in sorted(record["files"].items()) if lookup(rel) != sha)
     if mismatched:

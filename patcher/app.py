@@ -130,7 +130,7 @@ def apply(
     dry_run: bool = typer.Option(
         False, "--dry-run", help="Run every check; print the unified diff on stdout (all else on stderr); write nothing."
     ),
-    force: bool = typer.Option(False, "--force", help="Patch (and judge from) files that differ from their RECORD hash."),
+    force: bool = typer.Option(False, "--force", help="Also patch files that differ from their RECORD hash, as they are."),
     lock_timeout: float = LockTimeout,
     fmt: Format = FormatOption,
     as_json: bool = JsonFlag,
@@ -143,6 +143,37 @@ def apply(
     env = _environment(site_packages, python)
     report = commands.apply(
         env, only=only, with_=with_, force=force, dry_run=dry_run, lock_timeout=lock_timeout, on_wait=_lock_wait
+    )
+    _finish(report, _format(fmt, as_json), _verbosity(verbose, quiet))
+
+
+@app.command()
+def takeover(
+    site_packages: Optional[Path] = SitePackages,
+    python: Optional[str] = Python,
+    with_: Optional[List[str]] = typer.Option(
+        None, "--with", help="Also apply this opt-in patch, and keep it from now on (repeatable)."
+    ),
+    dry_run: bool = typer.Option(
+        False, "--dry-run", help="Show the whole plan: the unified diff on stdout, the rest on stderr; write nothing."
+    ),
+    lock_timeout: float = LockTimeout,
+    fmt: Format = FormatOption,
+    as_json: bool = JsonFlag,
+    verbose: bool = Verbose,
+    quiet: bool = Quiet,
+) -> None:
+    """Take over from another tool's edits (the recipes' scripts), then apply: no reinstall.
+
+    Each file holding a recognised edit of another tool is saved under .patch-dsv4/saved-edits/ and restored from
+    the backup beside it whose sha256 is pip's RECORD entry; then every patch is applied as apply would, all files
+    or none. revert afterwards gives pip's bytes.
+    """
+    from patch_dsv4 import commands
+
+    env = _environment(site_packages, python)
+    report = commands.apply(
+        env, with_=with_, dry_run=dry_run, lock_timeout=lock_timeout, on_wait=_lock_wait, takeover=True
     )
     _finish(report, _format(fmt, as_json), _verbosity(verbose, quiet))
 

@@ -15,7 +15,7 @@ import sys
 from patch_dsv4 import __version__
 from patch_dsv4.errors import EXIT_ENVIRONMENT, PatcherError
 
-COMMANDS = ("list", "status", "apply", "verify", "revert", "drift", "anchors", "doctor")
+COMMANDS = ("list", "status", "apply", "takeover", "verify", "revert", "drift", "anchors", "doctor")
 
 
 def _command_of(args: list[str]) -> str | None:

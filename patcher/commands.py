@@ -14,7 +14,7 @@ from patch_dsv4 import __version__, quick
 from patch_dsv4.environment import Environment, record_digest
 from patch_dsv4.errors import EXIT_NEEDS_ACTION, EXIT_OK, EnvironmentProblem, Refused
 from patch_dsv4.fs import checkpoint, sha256_bytes
-from patch_dsv4.judge import Judgement, as_opt_in, edit_reports, judge, patch_report
+from patch_dsv4.judge import Judgement, as_opt_in, edit_reports, judge, patch_report, plan_files
 from patch_dsv4.patch import Context, Patch
 from patch_dsv4.quick import patch_digest
 from patch_dsv4.registry import declared_files, discover_patches
@@ -217,13 +217,17 @@ def status(env: Environment, command: str = "status") -> Report:
     view = read_state(env, store)
     judgement = judge(context_for(env, view), patches, plan=False)
     reports = as_opt_in(_patch_reports(env, judgement, patches, view, store), patches, _opt_in_kept(view))
-    report = _report(env, command, reports, view, EXIT_OK, notes=_state_notes(view), store=store)
+    notes = [*_state_notes(view), *_unrecorded_notes(judgement, view)]
+    report = _report(env, command, reports, view, EXIT_OK, notes=notes, store=store)
+    bad = [r for r in reports if r.verdict.needs_action]
+    if any(r.verdict is Verdict.FOREIGN for r in bad):  # the way out is not apply: say which it is
+        report = replace(report, next_step=next_step(env.target.args(), bad, takeover_next(env, judgement)))
     return replace(report, build=build_identity(env, view))
 
 
 def build_identity(env: Environment, view: StateView) -> dict:
     """Whether this vLLM build is a release recorded in anchors/ (files we patched count as they were)."""
-    from patch_dsv4.anchors_store import known_release
+    from patch_dsv4.anchors_store import known_release, listed_package_files
 
     def as_installed(relpath: str) -> str | None:
         entry = view.manifest.files.get(relpath) if view.kind == "current" else None
@@ -231,7 +235,7 @@ def build_identity(env: Environment, view: StateView) -> dict:
             return entry.before
         return env.sha256(relpath)
 
-    match = known_release(env.vllm_version, as_installed)
+    match = known_release(env.vllm_version, as_installed, files=listed_package_files(env.site_packages))
     return {"known": match.known, "detail": match.detail}
 
 
@@ -250,7 +254,11 @@ def verify(env: Environment) -> Report:
             return quick.recorded_report(site, recorded, env.target.args())
     report = status(env, command="verify")
     bad = [r for r in report.patches if r.verdict.needs_action]
-    return replace(report, exit_code=EXIT_NEEDS_ACTION if bad else EXIT_OK, next_step=next_step(env.target.args(), bad))
+    return replace(
+        report,
+        exit_code=EXIT_NEEDS_ACTION if bad else EXIT_OK,
+        next_step=report.next_step or next_step(env.target.args(), bad),
+    )
 
 
 def unified_diff(relpath: str, old: bytes, new: bytes) -> bytes:
@@ -284,49 +292,88 @@ def apply(
     dry_run: bool = False,
     lock_timeout: float = 300.0,
     on_wait=None,
+    takeover: bool = False,
 ) -> Report:
-    """Apply every patch this environment needs (or those in ``only``): all files or none.
+    """Apply every patch this environment needs (or those in ``only``, with those in ``with_``): all files or none.
 
     ``with_`` adds opt-in patches, remembered in the state so that later
     applies keep them. ``dry_run`` runs every check apply runs and reports the
     unified diff, writing nothing (it waits for a held lock, as apply would).
+    ``takeover`` first replaces every file holding another tool's edit of one of
+    the fixes by its sibling backup that is byte for byte what pip installed
+    (the edited file is saved first), then applies on those bytes.
     """
     patches = discover_patches()
     store = state_store(env, patches)
     if dry_run:
         with store.wait_unlocked(lock_timeout, on_wait):
-            return _apply_locked(env, store, patches, only, with_, force, dry_run=True, notes=[])
+            return _apply_locked(env, store, patches, only, with_, force, True, [], takeover)
     with store.lock(lock_timeout, on_wait):
         notes = recover(env, store)
-        return _apply_locked(env, store, patches, only, with_, force, dry_run=False, notes=notes)
+        return _apply_locked(env, store, patches, only, with_, force, False, notes, takeover)
 
 
-def _apply_locked(env, store, patches, only, with_, force, dry_run, notes) -> Report:
+def takeover_next(env: Environment, judgement: Judgement) -> str:
+    """The one command that moves a tree with other tools' edits to ours: takeover, or a reinstall where no
+    backup holds pip's bytes."""
+    from patch_dsv4.takeover import plan_restores
+
+    restores = plan_restores(env, judgement)
+    if restores and all(r.data is not None for r in restores):
+        return f"patch-dsv4 takeover{env.target.args()} (saves the edited files, restores pip's from their backups)"
+    return f"{env.reinstall()}, then patch-dsv4 apply{env.target.args()}"
+
+
+def _apply_locked(env, store, patches, only, with_, force, dry_run, notes, takeover=False) -> Report:
+    from patch_dsv4.takeover import foreign_patches, plan_restores
+
+    command = "takeover" if takeover else "apply"
     only_ids = _known_ids(patches, only, "--only")
     with_ids = _known_ids(patches, with_, "--with")
     view = read_state(env, store)
     if dry_run and view.kind == "interrupted":
         notes.append("an interrupted apply or revert is pending: apply would finish it first")
-    asked = _opt_in_kept(view) | with_ids
-    selected = [p for p in patches if (not p.opt_in or p.id in asked) and (not only_ids or p.id in only_ids)]
-    ctx = context_for(env, view)
-    # Planned here only when every patch is selected; otherwise _plan plans the selected ones alone.
-    everything = len(selected) == len(patches)
-    judgement = judge(ctx, patches, trust_unrecorded=force, plan=everything)
-    reports = as_opt_in(_patch_reports(env, judgement, patches, view, store), patches, asked)
-    chosen = {p.id for p in selected}
     notes = [*notes, *_state_notes(view)]
+    restored: dict[str, bytes] = {}
+    restores = []
+    if takeover:
+        found = judge(context_for(env, view), patches, plan=False)
+        edited = [rel for rel in declared_files(patches) if rel not in view.ours and _differs_from_record(env, rel)]
+        restores = plan_restores(env, found, also=edited)
+        for r in restores:
+            if r.data is None:
+                raise Refused(
+                    f"cannot take over {r.relpath} from {', '.join(r.scripts)}",
+                    "no backup beside it holds what pip installed (its sha256 in RECORD)",
+                    f"{env.reinstall()}, then patch-dsv4 apply{env.target.args()}",
+                )
+            notes.append(f"{r.relpath}: restores pip's bytes from {r.backup} (edited by {', '.join(r.scripts)})")
+        if not restores:
+            notes.append("no other tool's edit was found: nothing to take over")
+        taken = foreign_patches(found) & {p.id for p in patches if p.opt_in}
+        if taken - with_ids - _opt_in_kept(view):
+            notes.append(f"takes over the opt-in {', '.join(sorted(taken))} too, as the other tool's edit was in use")
+        with_ids |= taken
+        restored = {r.relpath: r.data for r in restores}
+    asked = _opt_in_kept(view) | with_ids
+    chosen = {p.id for p in patches if (not p.opt_in or p.id in asked) and (not only_ids or p.id in only_ids | with_ids)}
+    ctx = context_for(env, view, overlay=restored)
+    judgement = judge(ctx, patches, plan=False)
+    reports = as_opt_in(_patch_reports(env, judgement, patches, view, store), patches, asked)
+    notes += _unrecorded_notes(judgement, view, restored)
 
-    blocked = [r for r in reports if r.id in chosen and r.verdict in (Verdict.DRIFTED, Verdict.MODIFIED)]
+    blocked = [r for r in reports if r.id in chosen and r.verdict in (Verdict.DRIFTED, Verdict.MODIFIED, Verdict.FOREIGN)]
     if blocked:
-        raise _refusal(env, ctx, judgement, blocked, chosen)
-    plan, owners = _plan(env, store, view, patches, selected, judgement, force)
+        raise _refusal(env, judgement, blocked, chosen, force)
+    plan, owners = _plan(env, store, view, patches, chosen, judgement, ctx)
+    for relpath, data in restored.items():
+        plan.setdefault(relpath, data)
     checkpoint("judged")
     current = {rel: env.read_bytes(rel) for rel in plan}
     planned = {rel: data for rel, data in plan.items() if data != current[rel]}
     if not force:
         for relpath in planned:
-            if relpath in view.ours:
+            if relpath in view.ours or relpath in restored:
                 continue
             recorded = env.recorded_hash(relpath)
             if recorded != record_digest(current[relpath] or b""):
@@ -339,7 +386,7 @@ def _apply_locked(env, store, patches, only, with_, force, dry_run, notes) -> Re
     if dry_run:
         diff = b"".join(unified_diff(rel, current[rel] or b"", data) for rel, data in planned.items())
         report = _report(
-            env, "apply", reports, view, EXIT_OK, f"dry run, {len(planned)} file(s) would change",
+            env, command, reports, view, EXIT_OK, f"dry run, {len(planned)} file(s) would change",
             diff=diff.decode("utf-8", "surrogateescape"), notes=notes, store=store,
         )
         return replace(report, build=build_identity(env, view))
@@ -351,7 +398,7 @@ def _apply_locked(env, store, patches, only, with_, force, dry_run, notes) -> Re
         elif view.kind == "current" and not view.modified and not _recorded_judgement_holds(env):
             if _refresh_recorded_judgement(env, store, view, patches):
                 notes.append("recorded this build's verdicts for verify and the serve guard")
-        report = _report(env, "apply", reports, view, EXIT_OK, "nothing to do", notes=notes, store=store)
+        report = _report(env, command, reports, view, EXIT_OK, "nothing to do", notes=notes, store=store)
         return replace(report, build=build_identity(env, view))
 
     previous = view.manifest if view.kind == "current" else None
@@ -364,23 +411,39 @@ def _apply_locked(env, store, patches, only, with_, force, dry_run, notes) -> Re
     for relpath, data in planned.items():
         entry = manifest.files.get(relpath)
         if entry is None:
-            entry = manifest.files[relpath] = FileEntry(before=sha256_bytes(current[relpath]), after="", patches=[])
+            before = restored.get(relpath, current[relpath])
+            entry = manifest.files[relpath] = FileEntry(before=sha256_bytes(before), after="", patches=[])
         entry.after = sha256_bytes(data)
         entry.patches = sorted(set(entry.patches) | set(owners.get(relpath, ())))
     final_reports = _record_judgement(env, view, manifest, patches, planned)
-    write_apply(env, store, previous, manifest, planned)
+    saved = [str(store.save_local_edit(r.relpath, current[r.relpath] or b"")) for r in restores]
+    write_apply(env, store, previous, manifest, planned, originals=restored)
     final = read_state(env, store)
+    taken = f"took over {len(restores)} file(s), " if takeover else ""
     return replace(
-        _report(env, "apply", final_reports, final, EXIT_OK, f"patched {len(planned)} file(s)", changed=planned,
-                notes=notes, store=store),
-        build=build_identity(env, final),
+        _report(env, command, final_reports, final, EXIT_OK, f"{taken}patched {len(planned)} file(s)",
+                changed=planned, notes=notes, store=store),
+        build=build_identity(env, final), saved_edits=tuple(saved),
     )
 
 
-def _refusal(env, ctx, judgement, blocked, chosen) -> Refused:
+def _differs_from_record(env: Environment, relpath: str) -> bool:
+    data = env.read_bytes(relpath)
+    return data is not None and env.recorded_hash(relpath) not in (None, record_digest(data))
+
+
+def _unrecorded_notes(judgement: Judgement, view: StateView, restored: dict[str, bytes] | None = None) -> list[str]:
+    """A file that is not what pip installed, said once: it changes no verdict, but guards the writes."""
+    return [
+        f"{why}: each patch is judged from its own code there; apply writes it only with --force"
+        for rel, why in judgement.unrecorded.items()
+        if rel not in view.ours and rel not in (restored or {})
+    ]
+
+
+def _refusal(env, judgement, blocked, chosen, force) -> Refused:
     """Why apply will not write, in a few words, and the one command that gets past it."""
     first = blocked[0]
-    unrecorded = [rel for rel in sorted(judgement.reads[first.id]) if (p := ctx.problem(rel)) and not p.hard]
     if first.verdict is Verdict.MODIFIED:
         edited = sorted(f for f in first.files if f in {e.file for e in first.edits if e.verdict is Verdict.MODIFIED})
         return Refused(
@@ -388,26 +451,33 @@ def _refusal(env, ctx, judgement, blocked, chosen) -> Refused:
             f"{edited[0] if edited else 'a file'} changed since patch-dsv4 wrote it",
             f"patch-dsv4 revert --discard-local-edits{env.target.args()} (saves your edit first), then apply",
         )
-    if unrecorded:
-        judged_on_it = [r.id for r in blocked if unrecorded[0] in judgement.reads[r.id]]
+    if first.verdict is Verdict.FOREIGN:
+        edit = next(e for e in first.edits if e.verdict is Verdict.FOREIGN)
         return Refused(
-            f"refusing to apply: {unrecorded[0]} differs from pip's RECORD",
-            f"edited by hand or from another build, so {', '.join(judged_on_it)} cannot be judged",
-            f"{env.reinstall()}, or apply --force",
+            f"refusing to apply: {first.id} holds another tool's edit ({first.foreign})",
+            f"in {edit.file.replace(PACKAGE_PREFIX, '')}; patch-dsv4 never writes its edit behind another",
+            takeover_next(env, judgement),
         )
-    why = next((e.detail for e in first.edits if e.verdict is first.verdict), first.detail)
+    edit = next((e for e in first.edits if e.verdict is first.verdict), None)
+    why = edit.detail if edit is not None else first.detail
     others = "; apply the others with --only" if len(blocked) < len(chosen) else ""
+    if edit is not None and "cannot be judged" in edit.detail:
+        return Refused(
+            f"refusing to apply: {first.id} cannot be judged", why.replace(PACKAGE_PREFIX, ""),
+            f"{env.reinstall()}, then patch-dsv4 apply{env.target.args()}",
+        )
     return Refused(
         f"refusing to apply: {first.id} is drifted", why.replace(PACKAGE_PREFIX, ""),
         f"patch-dsv4 status -v{env.target.args()}{others}",
     )
 
 
-def _plan(env, store, view, patches, selected, judgement, force) -> tuple[dict[str, bytes], dict[str, list[str]]]:
-    """The new bytes of every file the selected patches change, and which patches own each file.
+def _plan(env, store, view, patches, chosen, judgement, ctx) -> tuple[dict[str, bytes], dict[str, list[str]]]:
+    """The new bytes of every file the chosen patches change, and which patches own each file.
 
-    Files we wrote whose edits the patches now write differently are planned
-    again from their backups, with every patch we applied to them.
+    Planned from the one judgement; files we wrote whose edits the patches now
+    write differently are planned again from their backups (the release's
+    bytes), with every patch we applied to them.
     """
     replan = {
         edit.file
@@ -415,26 +485,27 @@ def _plan(env, store, view, patches, selected, judgement, force) -> tuple[dict[s
         for edit, outcome in pairs
         if outcome.verdict is Verdict.DRIFTED and edit.file in view.ours
     }
-    wanted = {p.id for p in selected}
+    wanted = set(chosen)
     if replan:
         for relpath in replan:
             wanted.update(view.manifest.files[relpath].patches)
-        chosen = [p for p in patches if p.id in wanted]
-        plan_j = _replan(env, store, view, chosen, replan)
-    elif wanted != {p.id for p in patches}:
-        plan_j = judge(context_for(env, view), [p for p in patches if p.id in wanted], trust_unrecorded=force)
+        plan_j = _replan(env, store, view, [p for p in patches if p.id in wanted], replan)
+        planned = dict(plan_j.planned)
     else:
         plan_j = judgement
+        planned = plan_files(ctx, judgement, wanted)
     owners: dict[str, list[str]] = {}
     for patch_id, pairs in plan_j.outcomes.items():
+        if patch_id not in wanted:
+            continue
         for edit, outcome in pairs:
             if outcome.verdict is Verdict.PENDING:
                 owners.setdefault(edit.file, [])
                 if patch_id not in owners[edit.file]:
                     owners[edit.file].append(patch_id)
-            elif outcome.verdict is Verdict.DRIFTED and patch_id in wanted:
+            elif outcome.verdict is Verdict.DRIFTED:
                 raise Refused(f"refusing to apply: {patch_id} is drifted", outcome.detail, f"patch-dsv4 status{env.target.args()}")
-    return dict(plan_j.planned), owners
+    return planned, owners
 
 
 def _copied_files(manifest: Manifest) -> dict[str, FileEntry]:

@@ -161,7 +161,8 @@ def drift(target: ReleaseTarget, strict: bool = False, anchors_dir=None) -> Drif
     files_read = tuple(judged.ctx.files_read())
     hashes = {rel: _sha256(target, rel) for rel in files_read}
     build = anchors_store.known_release(
-        target.vllm_version, lambda rel: hashes[rel] if rel in hashes else _sha256(target, rel), anchors_dir
+        target.vllm_version, lambda rel: hashes[rel] if rel in hashes else _sha256(target, rel), anchors_dir,
+        files=target.package_files(),
     )
 
     notes = list(target.notes)
@@ -258,5 +259,6 @@ def record(target: ReleaseTarget, wheel_name: str | None = None) -> dict:
         "flashinfer": {"version": target.flashinfer_version, "source": target.flashinfer_source},
         "wheel": wheel_name,
         "files": {rel: _sha256(target, rel) for rel in judged.ctx.files_read()},
+        "package_files": target.package_files(),
         "patches": patches,
     }

@@ -93,6 +93,29 @@ def mentions_injected(node: ast.AST) -> bool:
 
 
 @dataclass(frozen=True)
+class ForeignEdit:
+    """Another tool's edit of the same fix, recognised by facts written here: the names it injects, the shape
+    of its statements. Nothing of the other tool's code is kept.
+
+    ``found(tree, scope)`` gets the parsed file and the edit's scope in it (None
+    when absent) and returns the evidence (what was seen, where) or None.
+    ``meaning`` says what the edit means for serving.
+    """
+
+    script: str
+    recipe: str
+    meaning: str
+    found: Callable[[ast.Module, "ast.AST | None"], "str | None"] = field(compare=False)
+
+    def outcome(self, label: str, where: str, evidence: str) -> Outcome:
+        return Outcome(
+            Verdict.FOREIGN,
+            f"{label}: {self.script} ({self.recipe}) edited {where}: {evidence}; {self.meaning}",
+            foreign=self.script,
+        )
+
+
+@dataclass(frozen=True)
 class ReplaceStatements(Edit):
     """Replace the consecutive statements of a variant's ``anchor`` inside ``scope`` by its ``replacement``.
 
@@ -102,7 +125,9 @@ class ReplaceStatements(Edit):
     evidence; when it answers None, the anchors decide between APPLIED,
     PENDING and DRIFTED. With several variants, the one whose replacement is in
     place, else the one whose anchor matches, is the release's; none matching
-    is drift reported against the first.
+    is drift reported against the first. ``foreign`` recognise other tools'
+    edits of the same fix; they are looked for before anything else, so such an
+    edit is never taken for upstream's fix, a pending anchor or ours.
     """
 
     label: str
@@ -111,6 +136,7 @@ class ReplaceStatements(Edit):
     variants: tuple[Variant, ...]
     helpers: tuple[Callable, ...] = ()
     probe: Probe | None = field(default=None, compare=False)
+    foreign: tuple[ForeignEdit, ...] = ()
 
     def helper_sources(self) -> tuple[str, ...]:
         return tuple(helper_source(h) for h in self.helpers)
@@ -126,14 +152,20 @@ class ReplaceStatements(Edit):
                 tree = ctx.parse(text)
             except SyntaxError as exc:
                 return Outcome.drifted(f"{self.file} does not parse: {exc.msg} (line {exc.lineno})")
+        where = f"{self.file} ({self.scope})"
+        scope = find_scope(tree, self.scope.cls, self.scope.func) if tree is not None else None
+        if tree is not None:
+            ctx.looked_up(self.file, str(self.scope), scope is not None)
+            for other in self.foreign:
+                evidence = other.found(tree, scope)
+                if evidence:
+                    return other.outcome(self.label, where, evidence)
         if self.probe is not None:
             answer = self.probe(ctx, tree)
             if answer is not None:
                 return answer
         if tree is None:
             return Outcome.not_applicable(f"{self.file} is not part of this release")
-        scope = find_scope(tree, self.scope.cls, self.scope.func)
-        where = f"{self.file} ({self.scope})"
         if scope is None:
             return Outcome.drifted(f"{self.scope} not found in {self.file}", expected=f"def {self.scope}", found="(absent)")
         helpers_ok, helper_problem = self._helpers_state(tree)

@@ -82,7 +82,7 @@ def _vllm_site() -> str | None:
     return os.path.dirname(os.path.dirname(os.path.abspath(path)))
 
 
-NEEDS_ACTION = ("pending", "drifted", "modified")
+NEEDS_ACTION = ("pending", "drifted", "modified", "foreign")
 
 
 def judge_this_vllm() -> list[tuple[str, str, list[str]]]:
@@ -112,4 +112,4 @@ def _full_judgement(site_dir: str | None) -> list[tuple[str, str, list[str]]]:
 
     env = locate_vllm(site_packages=Path(site_dir)) if site_dir else locate_vllm()
     report = commands.status(env)
-    return [(p.id, p.verdict.value, list(p.files)) for p in report.patches if p.verdict.needs_action]
+    return [(p.id, p.shown_verdict, list(p.files)) for p in report.patches if p.verdict.needs_action]

@@ -23,9 +23,13 @@ class Judgement:
     originals: dict[str, bytes | None]  # every edited file as read
     planned: dict[str, bytes] = field(default_factory=dict)  # only files that change, encoded as stored
     reads: dict[str, set[str]] = field(default_factory=dict)  # patch id -> every file its judgement read
+    unrecorded: dict[str, str] = field(default_factory=dict)  # file read -> why it is not what pip installed
 
     def patch_files(self, patch_id: str) -> tuple[str, ...]:
-        return tuple(dict.fromkeys(edit.file for edit, _ in self.outcomes[patch_id]))
+        """The files of a patch's edits, leaving out those it has no code path in (where another edit has one)."""
+        pairs = self.outcomes[patch_id]
+        here = [edit.file for edit, outcome in pairs if outcome.verdict is not Verdict.NOT_APPLICABLE]
+        return tuple(dict.fromkeys(here or [edit.file for edit, _ in pairs]))
 
 
 def _check_names(ctx: Context, edit: Edit, outcome: Outcome, text: str) -> list[str]:
@@ -34,9 +38,7 @@ def _check_names(ctx: Context, edit: Edit, outcome: Outcome, text: str) -> list[
     return check_injected(ctx, edit.file, edit.injected_code(outcome), scope_names)
 
 
-def judge(
-    ctx: Context, patches: list[Patch], trust_unrecorded: bool = False, check_fit: bool = True, plan: bool = True
-) -> Judgement:
+def judge(ctx: Context, patches: list[Patch], check_fit: bool = True, plan: bool = True) -> Judgement:
     """Every edit's verdict on the files as they are, and the files as the pending edits would write them.
 
     Each edit is judged on the file as it is (edits of one file stand in
@@ -44,11 +46,13 @@ def judge(
     the pending edits of a file are then written in one libcst pass, and the
     result is proven: it parses, and every edit finds itself applied there.
 
-    A patch is never judged from a file that cannot be read as source, nor
-    (unless ``trust_unrecorded``) from a file that differs from what pip
-    installed: its edits are reported drifted, naming the file. The one
-    exception is its own edit target when the anchor (or our edit) is found
-    there: a hand-changed target is refused when written, not when judged.
+    A verdict depends only on the code of the edit's own scope and of the
+    scopes its probes read: a file that differs from pip's RECORD elsewhere
+    changes no verdict (``unrecorded`` names it, for a note; RECORD guards the
+    writes, not the judgement). An edit is reported drifted, naming the file,
+    only where the file cannot be read as source, is missing though RECORD
+    lists it, or differs from RECORD and lacks a scope the judgement looked for
+    there (absent evidence in an edited file proves nothing).
 
     ``check_fit`` checks that the injected code fits the release (every name
     it reads and imports exists there); examples, which hold one file, skip it.
@@ -66,22 +70,57 @@ def judge(
                 if edit.file not in texts:
                     texts[edit.file] = ctx.read(edit.file)
                     originals[edit.file] = ctx.raw(edit.file)
-                outcome = edit.evaluate(ctx, texts[edit.file])
-                if outcome.verdict is Verdict.PENDING and check_fit:
-                    problems = _check_names(ctx, edit, outcome, texts[edit.file] or "")
-                    if problems:
-                        outcome = Outcome.drifted(
-                            f"{edit.label}: the injected code does not fit this release: " + "; ".join(problems)
-                        )
-                pairs.append((edit, outcome))
+                with ctx.recording() as edit_read, ctx.recording_lookups() as lookups:
+                    outcome = edit.evaluate(ctx, texts[edit.file])
+                    if outcome.verdict is Verdict.PENDING and check_fit:
+                        problems = _check_names(ctx, edit, outcome, texts[edit.file] or "")
+                        if problems:
+                            outcome = Outcome.drifted(
+                                f"{edit.label}: the injected code does not fit this release: " + "; ".join(problems)
+                            )
+                ctx.read(edit.file)  # the edit's own file counts as read by it, whoever read it first
+                pairs.append((edit, _not_judged(ctx, edit, outcome, edit_read | {edit.file}, lookups) or outcome))
         reads[patch.id] = read
-        outcomes[patch.id] = _untrusted_to_drifted(ctx, pairs, read, trust_unrecorded)
-    if not plan:
-        return Judgement(outcomes, originals, {}, reads)
+        outcomes[patch.id] = pairs
+    unrecorded = {
+        rel: p.why
+        for rel in sorted(set().union(*reads.values()) if reads else ())
+        if (p := ctx.problem(rel)) is not None and not p.hard and not p.missing
+    }
+    judgement = Judgement(outcomes, originals, {}, reads, unrecorded)
+    if plan:
+        judgement.planned = plan_files(ctx, judgement, set(outcomes))
+    return judgement
+
+
+def plan_files(ctx: Context, judgement: Judgement, patch_ids: set[str]) -> dict[str, bytes]:
+    """The files as the pending edits of ``patch_ids`` write them (encoded as stored), proven idempotent.
+
+    Planned from the judgement as it stands: nothing is judged again.
+    """
+    outcomes = {pid: pairs for pid, pairs in judgement.outcomes.items() if pid in patch_ids}
+    texts = {path: ctx.read(path) for path in judgement.originals}
     planned_text = _rewrite(outcomes, texts)
     _prove_idempotent(ctx, outcomes, planned_text)
-    planned = {path: ctx.source(path).encode(text) for path, text in planned_text.items()}
-    return Judgement(outcomes, originals, planned, reads)
+    return {path: ctx.source(path).encode(text) for path, text in planned_text.items()}
+
+
+def _not_judged(ctx: Context, edit: Edit, outcome: Outcome, read: set[str], lookups) -> Outcome | None:
+    """Drifted when the judgement rests on a file that cannot vouch for it (see :func:`judge`); else None."""
+    for rel in sorted(read, key=lambda r: (r != edit.file, r)):
+        problem = ctx.problem(rel)
+        if problem is None:
+            continue
+        why = problem.why
+        if not (problem.hard or problem.missing):
+            absent = sorted(what for (path, what, found) in lookups if path == rel and not found)
+            if not absent:
+                continue
+            why = f"{problem.why}, and has no {absent[0]}"
+        return Outcome.drifted(
+            f"{edit.label}: cannot be judged: {why}", expected=f"{rel} as the vLLM release installed it", found=why
+        )
+    return None
 
 
 def _rewrite(outcomes: dict[str, list[tuple[Edit, Outcome]]], texts: dict[str, str | None]) -> dict[str, str]:
@@ -110,29 +149,6 @@ def _cst_module(text: str):
     import libcst as cst
 
     return cst.parse_module(text)
-
-
-def _untrusted_to_drifted(ctx, pairs, read, trust_unrecorded):
-    own = {edit.file for edit, _ in pairs}
-    evidence = [
-        (rel, p) for rel in sorted(read - own) if (p := ctx.problem(rel)) is not None and (p.hard or not trust_unrecorded)
-    ]
-    out = []
-    for edit, outcome in pairs:
-        problem = ctx.problem(edit.file)
-        blocking = list(evidence)
-        if problem is not None and (problem.hard or not trust_unrecorded):
-            if problem.hard or outcome.verdict not in (Verdict.PENDING, Verdict.APPLIED):
-                blocking.insert(0, (edit.file, problem))
-        if blocking:
-            rel, first = blocking[0]
-            outcome = Outcome.drifted(
-                f"{edit.label}: cannot be judged: {first.why}",
-                expected=f"{rel} as the vLLM release installed it",
-                found=first.why,
-            )
-        out.append((edit, outcome))
-    return out
 
 
 def _prove_idempotent(ctx: Context, outcomes: dict[str, list[tuple[Edit, Outcome]]], planned: dict[str, str]) -> None:
@@ -171,13 +187,19 @@ def patch_report(patch: Patch, judgement: Judgement, edits: tuple[EditReport, ..
 
 
 def as_opt_in(reports: tuple[PatchReport, ...], patches: list[Patch], asked: set[str]) -> tuple[PatchReport, ...]:
-    """An opt-in patch nobody asked for is reported as opt-in, not pending: verify and the guard ignore it."""
+    """An opt-in patch nobody asked for is reported as opt-in, whatever its scopes hold: verify and the guard
+    ignore it. Another tool's edit there is named, with the command that takes it over."""
     from dataclasses import replace
 
     opt = {p.id for p in patches if p.opt_in} - asked
-    return tuple(
-        replace(r, verdict=Verdict.OPT_IN, detail=f"opt-in: apply --with {r.id} to use it ({r.detail})")
-        if r.id in opt and r.verdict is Verdict.PENDING
-        else r
-        for r in reports
-    )
+    out = []
+    for r in reports:
+        if r.id in opt and r.verdict is Verdict.FOREIGN:
+            r = replace(
+                r, verdict=Verdict.OPT_IN,
+                detail=f"opt-in: {r.foreign}'s edit stands there; takeover --with {r.id} replaces it ({r.detail})",
+            )
+        elif r.id in opt and r.verdict in (Verdict.PENDING, Verdict.DRIFTED):
+            r = replace(r, verdict=Verdict.OPT_IN, detail=f"opt-in: apply --with {r.id} to use it ({r.detail})")
+        out.append(r)
+    return tuple(out)

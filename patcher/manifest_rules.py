@@ -16,7 +16,7 @@ from patch_dsv4.errors import EnvironmentProblem
 
 #: Manifest schemas this version reads (1: written before the patch digest was recorded).
 READABLE_SCHEMAS = (1, 2)
-VERDICTS = ("applied", "pending", "upstream", "not-applicable", "drifted", "modified", "opt-in")
+VERDICTS = ("applied", "pending", "upstream", "not-applicable", "drifted", "modified", "opt-in", "foreign")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
@@ -117,7 +117,7 @@ def check_manifest(data: object, declared: Iterable[str], patch_ids: Iterable[st
             _expect(edit.get("verdict") in VERDICTS, f"verdicts[{pid}].edits[].verdict is not a verdict")
             for key in ("label", "scope", "detail"):
                 _str(edit.get(key), f"verdicts[{pid}].edits[].{key}")
-            for key in ("expected", "found"):
+            for key in ("expected", "found", "foreign"):
                 _str(edit.get(key), f"verdicts[{pid}].edits[].{key}", optional=True)
     for rel, sha in _obj(data.get("inputs", {}), "inputs").items():
         _source_path(rel, "input")

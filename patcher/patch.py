@@ -31,6 +31,7 @@ class FileProblem:
 
     why: str
     hard: bool
+    missing: bool = False  # absent, though pip's RECORD lists it
 
 
 @dataclass
@@ -77,6 +78,7 @@ class Context:
         self._files: dict[str, _File] = {}
         self._trees: dict[str, ast.Module | None] = {}
         self._readers: list[set[str]] = []
+        self._lookups: list[set[tuple[str, str, bool]]] = []
 
     @classmethod
     def from_texts(cls, texts: dict[str, str], vllm_version: str = "0.0.0", flashinfer_version: str | None = None,
@@ -109,7 +111,7 @@ class Context:
         if problem is None:
             why = self._check_installed(relpath, data)
             if why is not None:
-                problem = FileProblem(why, hard=False)
+                problem = FileProblem(why, hard=False, missing=data is None)
         self._files[relpath] = _File(data if problem is None or not problem.hard else None, source, problem)
         return self._files[relpath]
 
@@ -142,6 +144,25 @@ class Context:
             self._file(relpath)  # count the read for whoever asks
         return self._trees[relpath]
 
+    def scope(self, relpath: str, cls: str | None, func: str | None) -> ast.AST | None:
+        """The class or function of a file (module level only), or None; the look-up is recorded.
+
+        A judgement that found no such scope in a file pip did not install as it
+        is cannot be trusted (the scope may have been edited away): the engine
+        reports it as not judged. Probes look their evidence up through here.
+        """
+        from patch_dsv4.fingerprint import find_scope
+
+        tree = self.ast(relpath)
+        node = find_scope(tree, cls, func) if tree is not None else None
+        self.looked_up(relpath, str(Scope(cls, func)), node is not None)
+        return node
+
+    def looked_up(self, relpath: str, what: str, found: bool) -> None:
+        """Record that a judgement looked for ``what`` in ``relpath`` (and whether it was there)."""
+        for lookups in self._lookups:
+            lookups.add((relpath, what, found))
+
     def read_flashinfer(self, relpath: str) -> str | None:
         data = self._read_flashinfer_bytes(relpath)
         if data is None:
@@ -161,8 +182,18 @@ class Context:
         self._readers.append(reads)
         try:
             yield reads
+        finally:  # by identity: two recordings may hold equal sets
+            self._readers = [r for r in self._readers if r is not reads]
+
+    @contextmanager
+    def recording_lookups(self) -> Iterator[set[tuple[str, str, bool]]]:
+        """Collect the scope look-ups made inside the block: (file, scope, found)."""
+        lookups: set[tuple[str, str, bool]] = set()
+        self._lookups.append(lookups)
+        try:
+            yield lookups
         finally:
-            self._readers.remove(reads)
+            self._lookups = [r for r in self._lookups if r is not lookups]
 
 
 #: Every name a patch injects starts with this: it marks a file as ours, even without the state.

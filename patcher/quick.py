@@ -310,6 +310,8 @@ def recorded_verdicts(site: Site, manifest: dict | None = None, hasher: Hasher |
             as_installed = files[relpath]["before"] if relpath in files else hasher(relpath)
             if as_installed != sha:
                 return None
+        if _file_set_changed(site, record):
+            return None
         opt_in = tuple(manifest.get("opt_in", []))
         needed = {
             anchor["file"]
@@ -326,13 +328,20 @@ def recorded_verdicts(site: Site, manifest: dict | None = None, hasher: Hasher |
     return Recorded(verdicts, detail, opt_in)
 
 
+def _file_set_changed(site: Site, record: dict) -> bool:
+    """Whether the DeepSeek-V4 package holds other files than the record lists (another build)."""
+    from patch_dsv4.anchors_store import file_set_change, listed_package_files
+
+    return file_set_change(record, listed_package_files(site.site_packages)) is not None
+
+
 def anchored_verdicts(site: Site, hasher: Hasher) -> dict | None:
     """A pristine known build (no state): the verdicts anchors/ recorded for it, if its files hash as recorded."""
     record = anchors_record(site.vllm_version)
     if record is None or not same_flashinfer(record, site.flashinfer_version):
         return None
     try:
-        if any(hasher(rel) != sha for rel, sha in record["files"].items()):
+        if any(hasher(rel) != sha for rel, sha in record["files"].items()) or _file_set_changed(site, record):
             return None
         return {
             pid: {
@@ -365,7 +374,10 @@ def recorded_report(site: Site, recorded: Recorded, target_args: str = ""):
         PatchReport(
             pid, v["title"], Verdict(v["verdict"]), tuple(v["files"]), v["detail"],
             tuple(
-                EditReport(e["label"], e["file"], e["scope"], Verdict(e["verdict"]), e["detail"], e.get("expected"), e.get("found"))
+                EditReport(
+                    e["label"], e["file"], e["scope"], Verdict(e["verdict"]), e["detail"], e.get("expected"), e.get("found"),
+                    e.get("foreign"),
+                )
                 for e in v.get("edits", [])
             ),
         )

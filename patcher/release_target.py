@@ -29,6 +29,7 @@ from typing import Callable, Sequence
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
+from patch_dsv4 import anchors_store
 from patch_dsv4.environment import find_distribution, flashinfer_pin, locate_vllm
 from patch_dsv4.errors import EnvironmentProblem
 from patch_dsv4.fs import PackageTree, UnsafePath
@@ -52,6 +53,7 @@ class ReleaseTarget:
     read_flashinfer_bytes: Callable[[str], bytes | None] = lambda _relpath: None
     notes: list[str] = field(default_factory=list)  # what was chosen, and from where
     flashinfer_given: bool = False  # --flashinfer-version replaced the release's own
+    package_files: Callable[[], list[str]] = lambda: []  # the DeepSeek-V4 package's Python files
     _close: Callable[[], None] = lambda: None
 
     def context(self) -> Context:
@@ -146,6 +148,7 @@ def _wheel_target(path: Path, archive: zipfile.ZipFile) -> ReleaseTarget:
         flashinfer_source="pinned" if pinned else None,
         read_bytes=read_bytes,
         notes=notes,
+        package_files=lambda: anchors_store.package_files(members),
         _close=archive.close,
     )
 
@@ -243,6 +246,7 @@ def open_source(
         read_bytes=read_bytes,
         read_flashinfer_bytes=read_flashinfer,
         notes=notes,
+        package_files=lambda: anchors_store.listed_package_files(root),
     )
     return _override_flashinfer(target, flashinfer_version)
 

@@ -21,8 +21,10 @@ from patch_dsv4.verdicts import PatchReport, Report
 
 PACKAGE_PREFIX = "vllm/models/deepseek_v4/"
 #: Verdicts whose evidence explains something by default (the rest only with -v).
-EXPLAINED = ("upstream", "drifted", "modified")
-_COLOURS = {"applied": "32", "upstream": "36", "pending": "33", "drifted": "31", "modified": "31", "opt-in": "2"}
+EXPLAINED = ("upstream", "drifted", "modified", "foreign")
+_COLOURS = {
+    "applied": "32", "upstream": "36", "pending": "33", "drifted": "31", "modified": "31", "opt-in": "2", "foreign": "31",
+}
 
 
 @dataclass(frozen=True)
@@ -108,13 +110,13 @@ def text_lines(report: Report, style: Style, per_patch: Callable[[str], list[str
     verdict_width = max((len(p.verdict.value) for p in report.patches), default=0) + 2
     for patch in report.patches:
         head = f"  {patch.id:<{id_width}}"
-        verdict = patch.verdict.value
+        verdict = patch.shown_verdict
         files = ", ".join(short_path(f) for f in patch.files) or "-"
         room = style.width - len(head) - verdict_width
-        if len(files) <= room:
-            lines.append(head + style.paint(f"{verdict:<{verdict_width}}", verdict) + files)
+        if len(files) <= room and len(verdict) < verdict_width:
+            lines.append(head + style.paint(f"{verdict:<{verdict_width}}", patch.verdict.value) + files)
         else:
-            lines.append(head + style.paint(verdict, verdict))
+            lines.append(head + style.paint(verdict, patch.verdict.value))
             lines.extend(_wrap(files, style.width, " " * (len(head) + verdict_width)))
         for sentence in _evidence(patch, style.verbosity > 0):
             lines.extend(_wrap_fitting(sentence, style.width, "      "))
@@ -156,7 +158,7 @@ def markdown(report: Report, extra_head: str = "", extra_columns: dict[str, str]
     columns = ["patch", "verdict", "files", *([extra_head] if extra_head else []), "evidence"]
     lines = [head, "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for p in report.patches:
-        cells = [f"`{p.id}`", p.verdict.value, "<br>".join(f"`{short_path(f)}`" for f in p.files) or "-"]
+        cells = [f"`{p.id}`", p.shown_verdict, "<br>".join(f"`{short_path(f)}`" for f in p.files) or "-"]
         if extra_head:
             cells.append(extra_columns.get(p.id, "-"))
         cells.append(_cell(" ".join(dict.fromkeys(e.detail for e in p.edits)) or p.detail))
@@ -212,7 +214,7 @@ def write_failure(report: Report) -> None:
         return
     for patch in bad:
         files = ", ".join(short_path(f) for f in patch.files)
-        sys.stderr.write(f"patch-dsv4: {patch.id} is {patch.verdict.value}" + (f" ({files})" if files else "") + "\n")
+        sys.stderr.write(f"patch-dsv4: {patch.id} is {patch.shown_verdict}" + (f" ({files})" if files else "") + "\n")
     if report.next_step:
         sys.stderr.write(f"patch-dsv4: run: {report.next_step}\n")
 

@@ -113,13 +113,21 @@ def _put_back(env: Environment, done: list[_Target], data_of) -> bool:
 
 # -- apply ------------------------------------------------------------------------------
 def write_apply(
-    env: Environment, store: StateStore, previous: Manifest | None, manifest: Manifest, planned: dict[str, bytes]
+    env: Environment,
+    store: StateStore,
+    previous: Manifest | None,
+    manifest: Manifest,
+    planned: dict[str, bytes],
+    originals: dict[str, bytes] | None = None,
 ) -> None:
     """Write ``planned`` (relpath -> new bytes) and ``manifest`` (already holding the new entries): all or none.
 
     ``previous`` is the manifest on disk before this apply (None: no state),
-    restored when the apply is undone.
+    restored when the apply is undone. A file's backup holds its bytes as they
+    are, or ``originals[relpath]`` where given (takeover: pip's bytes, from
+    another tool's backup), so that revert restores those.
     """
+    originals = originals or {}
     targets = []
     for relpath, new in planned.items():
         old = env.read_bytes(relpath)
@@ -137,7 +145,7 @@ def write_apply(
     try:
         for t in new_backups:
             current = f"the backup of {t.relpath}"
-            store.write_copy("backups", t.relpath, t.old)
+            store.write_copy("backups", t.relpath, originals.get(t.relpath, t.old))
         for t in targets:
             current = f"the staged copy of {t.relpath}"
             store.write_copy("staged", t.relpath, t.new)

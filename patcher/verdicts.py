@@ -14,11 +14,12 @@ class Verdict(str, enum.Enum):
     DRIFTED = "drifted"
     MODIFIED = "modified"
     OPT_IN = "opt-in"  # an opt-in patch this environment has not asked for (apply --with ID)
+    FOREIGN = "foreign"  # another tool's edit of the same fix stands in the patch's scope
 
     @property
     def needs_action(self) -> bool:
         """A verdict that fails `verify`: the environment is not in the state it needs."""
-        return self in (Verdict.PENDING, Verdict.DRIFTED, Verdict.MODIFIED)
+        return self in (Verdict.PENDING, Verdict.DRIFTED, Verdict.MODIFIED, Verdict.FOREIGN)
 
 
 @dataclass(frozen=True)
@@ -26,7 +27,8 @@ class Outcome:
     """The judgement of one edit on one file's text.
 
     ``variant`` is set for PENDING and APPLIED: the index of the edit's
-    (anchor, replacement) variant that matched.
+    (anchor, replacement) variant that matched; ``foreign`` for FOREIGN: the
+    script whose edit stands there.
     """
 
     verdict: Verdict
@@ -34,6 +36,7 @@ class Outcome:
     variant: int | None = None
     expected: str | None = None
     found: str | None = None
+    foreign: str | None = None
 
     @classmethod
     def upstream(cls, evidence: str) -> "Outcome":
@@ -57,6 +60,7 @@ class EditReport:
     detail: str
     expected: str | None = None
     found: str | None = None
+    foreign: str | None = None  # FOREIGN: the script whose edit stands in this scope
 
     def to_json(self) -> dict:
         return {
@@ -67,6 +71,7 @@ class EditReport:
             "detail": self.detail,
             "expected": self.expected,
             "found": self.found,
+            "foreign": self.foreign,
         }
 
 
@@ -79,13 +84,18 @@ def summary_line(command: str, reports: "tuple[PatchReport, ...]", extra: str = 
     return f"{command}: {text}" + (f"; {extra}" if extra else "")
 
 
-def next_step(target_args: str, bad: "list[PatchReport]") -> str | None:
-    """The one command that resolves the patches ``bad`` lists, naming the target as the user did."""
+def next_step(target_args: str, bad: "list[PatchReport]", foreign_next: str | None = None) -> str | None:
+    """The one command that resolves the patches ``bad`` lists, naming the target as the user did.
+
+    ``foreign_next`` is the way out of other tools' edits (takeover, or a reinstall where no backup serves).
+    """
     verdicts = {r.verdict for r in bad}
     if not verdicts:
         return None
     if Verdict.MODIFIED in verdicts:
         return f"patch-dsv4 revert --discard-local-edits{target_args} (your edit is saved first), then apply"
+    if Verdict.FOREIGN in verdicts:
+        return foreign_next or f"patch-dsv4 takeover{target_args}"
     if Verdict.DRIFTED in verdicts:
         return f"patch-dsv4 status -v{target_args} (a patch no longer matches this vLLM: do not serve it)"
     return f"patch-dsv4 apply{target_args}"
@@ -93,7 +103,7 @@ def next_step(target_args: str, bad: "list[PatchReport]") -> str | None:
 
 def combine(verdicts: list[Verdict]) -> Verdict:
     """One verdict for a patch made of several edits (DESIGN.md, "Verdicts")."""
-    for v in (Verdict.MODIFIED, Verdict.DRIFTED, Verdict.PENDING, Verdict.APPLIED, Verdict.UPSTREAM):
+    for v in (Verdict.MODIFIED, Verdict.FOREIGN, Verdict.DRIFTED, Verdict.PENDING, Verdict.APPLIED, Verdict.UPSTREAM):
         if v in verdicts:
             return v
     return Verdict.NOT_APPLICABLE
@@ -108,11 +118,24 @@ class PatchReport:
     detail: str
     edits: tuple[EditReport, ...] = ()
 
+    @property
+    def foreign(self) -> str | None:
+        """FOREIGN: the scripts whose edits stand in this patch's scopes, comma-separated."""
+        if self.verdict is not Verdict.FOREIGN:
+            return None
+        return ", ".join(dict.fromkeys(e.foreign for e in self.edits if e.foreign)) or None
+
+    @property
+    def shown_verdict(self) -> str:
+        """The verdict as people read it: a foreign edit names its script (``foreign: <script>``)."""
+        return f"foreign: {self.foreign}" if self.foreign else self.verdict.value
+
     def to_json(self) -> dict:
         return {
             "id": self.id,
             "title": self.title,
             "verdict": self.verdict.value,
+            "foreign": self.foreign,
             "files": list(self.files),
             "detail": self.detail,
             "edits": [e.to_json() for e in self.edits],

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import ast
 
-from patch_dsv4.edits import ReplaceStatements, Variant, mentions_injected
+from patch_dsv4.edits import ForeignEdit, ReplaceStatements, Variant, mentions_injected
 from patch_dsv4.fingerprint import find_scope
 from patch_dsv4.patch import Context, Example, Patch, Scope
 from patch_dsv4.verdicts import Outcome, Verdict
@@ -54,21 +54,60 @@ def _patch_dsv4_aux_streams_off():
     return any(os.environ.get(name, "").strip() == "0" for name in ("PATCH_DSV4_AUX_STREAMS", "LNA_DSV4_AUX_STREAMS"))
 
 
+def _aux_stream_assignments(scope: ast.AST) -> list[ast.Assign]:
+    return [
+        node
+        for node in ast.walk(scope)
+        if isinstance(node, ast.Assign) and any(ast.unparse(t) == "aux_stream_list" for t in node.targets)
+    ]
+
+
+def _reads_a_setting(node: ast.AST) -> bool:
+    """Whether an expression reads a setting a user can change: vllm.envs, os.environ or os.getenv."""
+    text = ast.unparse(node)
+    return "envs." in text or "environ" in text or "getenv" in text
+
+
 def _upstream_switch(cls: str):
-    """Upstream made the streams optional itself: the assignment is conditional, or reads vllm.envs."""
+    """Upstream made the streams optional itself: the streams depend on a setting (vllm.envs, the environment).
+
+    A condition that is not a setting (``None if current_platform.is_rocm() else [...]``, which some
+    nightlies have) is not the fix: the streams are still built on CUDA whatever the user asks.
+    """
 
     def probe(ctx: Context, tree: ast.Module | None) -> Outcome | None:
         init = find_scope(tree, cls, "__init__") if tree is not None else None
         if init is None or mentions_injected(init):
             return None
-        for node in ast.walk(init):
-            if isinstance(node, ast.Assign) and any(ast.unparse(t) == "aux_stream_list" for t in node.targets):
-                value = ast.unparse(node.value)
-                if isinstance(node.value, ast.IfExp) or "envs." in value:
-                    return Outcome.upstream(f"{cls}.__init__ makes aux_stream_list optional itself: {value}")
+        for node in _aux_stream_assignments(init):
+            value = node.value
+            switch = value.test if isinstance(value, ast.IfExp) else value
+            if _reads_a_setting(switch):
+                return Outcome.upstream(f"{cls}.__init__ makes aux_stream_list optional itself: {ast.unparse(value)}")
         return None
 
     return probe
+
+
+def _lna_aux_streams(tree: ast.Module, scope: ast.AST | None) -> str | None:
+    """lna-lab's patch_dsv4_aux_streams_env.py: the streams depend on LNA_DSV4_AUX_STREAMS alone."""
+    if scope is None:
+        return None
+    for node in _aux_stream_assignments(scope):
+        if "LNA_DSV4_AUX_STREAMS" in ast.unparse(node.value):
+            return "aux_stream_list is None when LNA_DSV4_AUX_STREAMS=0"
+    return None
+
+
+LNA_AUX_STREAMS = ForeignEdit(
+    script="patch_dsv4_aux_streams_env.py",
+    recipe="lna-lab recipe",
+    meaning=(
+        "its switch honours only LNA_DSV4_AUX_STREAMS and only in the target model: the MTP draft keeps vLLM's three "
+        "streams (the deadlock this patch prevents); take it over to switch both"
+    ),
+    found=_lna_aux_streams,
+)
 
 
 class AuxStreams(Patch):
@@ -83,6 +122,7 @@ class AuxStreams(Patch):
             variants=(Variant(ANCHOR, REPLACEMENT, releases="0.28.0-0.33.0"),),
             helpers=(_patch_dsv4_aux_streams_off,),
             probe=_upstream_switch(cls),
+            foreign=(LNA_AUX_STREAMS,),
         )
         for what, file, cls in (
             ("target model", MODEL, "DeepseekV4Model"),

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import ast
 
-from patch_dsv4.edits import ReplaceStatements, Variant
+from patch_dsv4.edits import ForeignEdit, ReplaceStatements, Variant
 from patch_dsv4.fingerprint import find_scope
 from patch_dsv4.patch import INJECTED_PREFIX, Context, Example, Patch, Scope
 from patch_dsv4.verdicts import Outcome, Verdict
@@ -114,8 +114,7 @@ def _upstream_checks_dtype(cls: str):
             return Outcome.upstream(f"{cls}._o_proj checks wo_a.weight.dtype against torch.float8_e4m3fn itself")
         if not _calls(method, SHARED_OP):
             return None
-        op_tree = ctx.ast(O_PROJ)
-        op = find_scope(op_tree, None, SHARED_OP) if op_tree is not None else None
+        op = ctx.scope(O_PROJ, None, SHARED_OP)
         if op is not None and _compares_wo_a_dtype_with_fp8(op):
             return Outcome.upstream(
                 f"{O_PROJ}: {SHARED_OP}, which the attention classes call, takes a BF16 path "
@@ -124,6 +123,49 @@ def _upstream_checks_dtype(cls: str):
         return None
 
     return probe
+
+
+def _lna_dense_exl3(tree: ast.Module, scope: ast.AST | None) -> str | None:
+    """lna-lab's patch_dsv4_dense_exl3.py replaces _o_proj: an EXL3 branch first, its marker statement leading."""
+    if scope is None:
+        return None
+    for node in ast.walk(scope):
+        if (
+            isinstance(node, ast.Assign)
+            and [ast.unparse(t) for t in node.targets] == ["exl3_linears"]
+            and "_exl3_linears" in ast.unparse(node.value)
+        ):
+            return "_o_proj starts with exl3_linears = getattr(self.wo_a, '_exl3_linears', None), then its BF16 branch"
+    return None
+
+
+def _recipe_stock028(tree: ast.Module, scope: ast.AST | None) -> str | None:
+    """The DGX-Spark recipe's patch_dsv4_stock028.py: a dtype test on wo_a.weight whose branch calls
+    rocm_inv_rope_einsum itself, before the FP8 call."""
+    if scope is None or _names_injected(scope):
+        return None
+    for node in ast.walk(scope):
+        if isinstance(node, ast.If) and _compares_wo_a_dtype_with_fp8(node.test) and _calls(node, "rocm_inv_rope_einsum"):
+            return "_o_proj branches on wo_a.weight.dtype into rocm_inv_rope_einsum before deep_gemm_fp8_o_proj"
+    return None
+
+
+LNA_DENSE_EXL3 = ForeignEdit(
+    script="patch_dsv4_dense_exl3.py",
+    recipe="lna-lab recipe",
+    meaning=(
+        "its BF16 branch does what this patch does, but patch-dsv4 can neither verify nor revert it; its EXL3 "
+        "branch serves dense-EXL3 attention, which patch-dsv4 does not carry yet: take it over only for a pack "
+        "whose attention linears are not EXL3"
+    ),
+    found=_lna_dense_exl3,
+)
+RECIPE_STOCK028 = ForeignEdit(
+    script="patch_dsv4_stock028.py",
+    recipe="DGX-Spark recipe",
+    meaning="its BF16 branch does what this patch does, but patch-dsv4 can neither verify nor revert it: take it over",
+    found=_recipe_stock028,
+)
 
 
 class DtypePolicy(Patch):
@@ -137,6 +179,7 @@ class DtypePolicy(Patch):
             variants=(Variant(ANCHOR, REPLACEMENT, releases="0.28.0, 0.29.0"),),
             helpers=(_patch_dsv4_bf16_o_proj,),
             probe=_upstream_checks_dtype(cls),
+            foreign=(LNA_DENSE_EXL3, RECIPE_STOCK028),
         )
         for what, file, cls in ATTENTION_CLASSES
     )

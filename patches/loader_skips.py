@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import ast
 
-from patch_dsv4.edits import ReplaceStatements, Variant
+from patch_dsv4.edits import ForeignEdit, ReplaceStatements, Variant, mentions_injected
 from patch_dsv4.fingerprint import find_scope
 from patch_dsv4.patch import Context, Example, Patch, Scope
 from patch_dsv4.verdicts import Outcome, Verdict
@@ -149,8 +149,7 @@ def _under_vision_condition(func: ast.AST, assign: ast.Assign) -> bool:
 
 def _moe_homes(ctx: Context) -> str | None:
     """Evidence that the release's MoE gives both gate biases of vision packs a parameter."""
-    tree = ctx.ast(MODEL)
-    init = find_scope(tree, "DeepseekV4MoE", "__init__") if tree is not None else None
+    init = ctx.scope(MODEL, "DeepseekV4MoE", "__init__")
     if init is None:
         return None
     params = _assigned_parameters(init)
@@ -185,8 +184,7 @@ def _upstream_draft_gate_bias(ctx: Context, tree: ast.Module | None) -> Outcome 
 
 
 def _upstream_vision_tower(ctx: Context, tree: ast.Module | None) -> Outcome | None:
-    vl_tree = ctx.ast(VL_MODEL)
-    init = find_scope(vl_tree, VISION_CLASS, "__init__") if vl_tree is not None else None
+    init = ctx.scope(VL_MODEL, VISION_CLASS, "__init__")
     if init is None:
         return None
     assigned = {
@@ -199,6 +197,48 @@ def _upstream_vision_tower(ctx: Context, tree: ast.Module | None) -> Outcome | N
             "and its weight mapper drops them when images are off"
         )
     return None
+
+
+def _skips_on(scope: ast.AST | None, suffix: str, guarded: bool) -> bool:
+    """Whether ``scope`` holds ``if name.endswith(<suffix>) [and name not in params_dict]: continue`` of no patch of ours."""
+    if scope is None or mentions_injected(scope):
+        return False
+    for node in ast.walk(scope):
+        if not (isinstance(node, ast.If) and len(node.body) == 1 and isinstance(node.body[0], ast.Continue)):
+            continue
+        test = ast.unparse(node.test)
+        if f"name.endswith({suffix!r})" in test.replace('"', "'") and (not guarded or "not in params_dict" in test):
+            return True
+    return False
+
+
+def _recipe_target_skip(tree: ast.Module, scope: ast.AST | None) -> str | None:
+    if _skips_on(scope, ".ffn.gate.e_score_correction_bias", guarded=True):
+        return "load_weights skips .ffn.gate.e_score_correction_bias names that have no parameter"
+    return None
+
+
+def _recipe_draft_skip(tree: ast.Module, scope: ast.AST | None) -> str | None:
+    if _skips_on(scope, ".ffn.gate.bias_vl", guarded=False):
+        return "load_weights skips every .ffn.gate.bias_vl, with or without a parameter"
+    return None
+
+
+RECIPE_TARGET_SKIP = ForeignEdit(
+    script="patch_dsv4_stock028.py",
+    recipe="DGX-Spark recipe",
+    meaning="it skips what this patch skips, but patch-dsv4 can neither verify nor revert it: take it over",
+    found=_recipe_target_skip,
+)
+RECIPE_DRAFT_SKIP = ForeignEdit(
+    script="patch_dsv4_stock028.py",
+    recipe="DGX-Spark recipe",
+    meaning=(
+        "its skip is unconditional: a gate.bias_vl that has a parameter (vLLM 0.30 on) is left uninitialised, "
+        "and nothing reports it for quantized models; it must be replaced"
+    ),
+    found=_recipe_draft_skip,
+)
 
 
 class LoaderSkips(Patch):
@@ -220,6 +260,7 @@ class LoaderSkips(Patch):
             variants=TARGET_GATE_BIAS,
             helpers=(_patch_dsv4_gate_bias_without_home,),
             probe=_upstream_target_gate_bias,
+            foreign=(RECIPE_TARGET_SKIP,),
         ),
         ReplaceStatements(
             label="DSpark draft loader skips gate biases without a parameter",
@@ -228,6 +269,7 @@ class LoaderSkips(Patch):
             variants=DRAFT_GATE_BIAS,
             helpers=(_patch_dsv4_gate_bias_without_home,),
             probe=_upstream_draft_gate_bias,
+            foreign=(RECIPE_DRAFT_SKIP,),
         ),
     )
 

@@ -10,19 +10,23 @@ defers only the rest (vision tower, aligner, image tokens: well under 1 GB),
 cloned so that they do not keep the loader's per-shard storage alive.
 
 Fixed upstream in vLLM 0.33.0 (`stream_language_model_first` in the same file).
-No vision class before 0.30.0.
+No vision class in the releases before 0.30.0; nightlies between 0.29.0 and
+0.30.0 define it in `nvidia/vl_model.py` (from 0.30.0 a re-export shim), with
+the same sort: the patch streams it wherever the package defines the class.
 """
 
 from __future__ import annotations
 
 import ast
 
-from patch_dsv4.edits import ReplaceStatements, Variant
+from patch_dsv4.edits import ForeignEdit, ReplaceStatements, Variant
 from patch_dsv4.fingerprint import find_scope
 from patch_dsv4.patch import Context, Example, Patch, Scope
 from patch_dsv4.verdicts import Outcome, Verdict
 
 VL_MODEL = "vllm/models/deepseek_v4/common/vl_model.py"
+#: Where nightlies between 0.29.0 and 0.30.0 define the vision class (0.30.0 on: a re-export shim).
+NIGHTLY_VL_MODEL = "vllm/models/deepseek_v4/nvidia/vl_model.py"
 VISION_CLASS = "DeepseekV4ForConditionalGeneration"
 UPSTREAM_HELPER = "stream_language_model_first"
 
@@ -55,42 +59,78 @@ def _patch_dsv4_stream_language_model_first(weights):
         yield rest.pop()
 
 
-def _upstream_streams(ctx: Context, tree: ast.Module | None) -> Outcome | None:
-    if tree is None:
-        return Outcome.not_applicable(f"no vision class in this release ({VL_MODEL} is absent)")
-    if find_scope(tree, VISION_CLASS, None) is None:
-        return Outcome.not_applicable(f"{VL_MODEL} defines no {VISION_CLASS}")
-    method = find_scope(tree, VISION_CLASS, "load_weights")
-    if method is None:
+def _upstream_streams(file: str):
+    def probe(ctx: Context, tree: ast.Module | None) -> Outcome | None:
+        if tree is None:
+            return Outcome.not_applicable(f"no vision class in this release ({file} is absent)")
+        if find_scope(tree, VISION_CLASS, None) is None:
+            return Outcome.not_applicable(f"{file} defines no {VISION_CLASS}")
+        method = find_scope(tree, VISION_CLASS, "load_weights")
+        if method is None:
+            return None
+        calls = {n.func.id for n in ast.walk(method) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+        top = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+        if UPSTREAM_HELPER in calls and UPSTREAM_HELPER in top and "sorted" not in calls:
+            return Outcome.upstream(f"{file}: {VISION_CLASS}.load_weights streams with upstream's {UPSTREAM_HELPER}()")
         return None
-    calls = {n.func.id for n in ast.walk(method) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
-    top = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
-    if UPSTREAM_HELPER in calls and UPSTREAM_HELPER in top and "sorted" not in calls:
-        return Outcome.upstream(f"{VL_MODEL}: {VISION_CLASS}.load_weights streams with upstream's {UPSTREAM_HELPER}()")
+
+    return probe
+
+
+def _recipe_stream_load(tree: ast.Module, scope: ast.AST | None) -> str | None:
+    """The DGX-Spark recipe's patch_dsv4_vl_stream_load.py: a nested generator replaces the eager sort."""
+    if scope is None:
+        return None
+    for node in ast.walk(scope):
+        if isinstance(node, ast.FunctionDef) and node.name == "_stream_language_model_first":
+            return f"load_weights defines the nested generator {node.name}() in place of the sort"
     return None
+
+
+RECIPE_STREAM_LOAD = ForeignEdit(
+    script="patch_dsv4_vl_stream_load.py",
+    recipe="DGX-Spark recipe",
+    meaning="it streams the load as this patch does, but patch-dsv4 can neither verify nor revert it: take it over",
+    found=_recipe_stream_load,
+)
+
+
+SORTED_MAPPED = Variant(
+    anchor="mapped = iter(sorted(mapped, key=lambda x: x[0]))",
+    replacement=(
+        "# patch-dsv4 (stream-load): stream language-model tensors, defer the rest.\n"
+        "mapped = _patch_dsv4_stream_language_model_first(mapped)\n"
+    ),
+    releases="0.30.0-0.32.0",
+)
+#: The 0.28.1rc nightlies sorted the mapper's output in one statement.
+SORTED_MAPPER = Variant(
+    anchor="mapped = sorted(self.hf_to_vllm_mapper.apply(weights), key=lambda x: x[0])",
+    replacement=(
+        "# patch-dsv4 (stream-load): stream language-model tensors, defer the rest.\n"
+        "mapped = _patch_dsv4_stream_language_model_first(self.hf_to_vllm_mapper.apply(weights))\n"
+    ),
+    releases="0.28.1rc nightlies (vision class in nvidia/vl_model.py)",
+)
 
 
 class StreamLoad(Patch):
     id = "stream-load"
     title = "vision-class load_weights streams the checkpoint instead of sorting it in host memory"
-    edits = (
+    edits = tuple(
         ReplaceStatements(
-            label="stream language-model tensors",
-            file=VL_MODEL,
+            label=label,
+            file=file,
             scope=Scope(VISION_CLASS, "load_weights"),
-            variants=(
-                Variant(
-                    anchor="mapped = iter(sorted(mapped, key=lambda x: x[0]))",
-                    replacement=(
-                        "# patch-dsv4 (stream-load): stream language-model tensors, defer the rest.\n"
-                        "mapped = _patch_dsv4_stream_language_model_first(mapped)\n"
-                    ),
-                    releases="0.30.0-0.32.0",
-                ),
-            ),
+            variants=variants,
             helpers=(_patch_dsv4_stream_language_model_first,),
-            probe=_upstream_streams,
-        ),
+            probe=_upstream_streams(file),
+            foreign=(RECIPE_STREAM_LOAD,),
+        )
+        for label, file, variants in (
+            ("stream language-model tensors", VL_MODEL, (SORTED_MAPPED,)),
+            ("stream language-model tensors (nightly layout)", NIGHTLY_VL_MODEL, (SORTED_MAPPED, SORTED_MAPPER)),
+        )
     )
 
 

@@ -31,7 +31,7 @@ import re
 
 from packaging.version import InvalidVersion, Version
 
-from patch_dsv4.edits import ReplaceStatements, Variant, helper_source, indent, mentions_injected
+from patch_dsv4.edits import ForeignEdit, ReplaceStatements, Variant, helper_source, indent, mentions_injected
 from patch_dsv4.fingerprint import find_scope
 from patch_dsv4.patch import Context, Example, Patch, Scope
 from patch_dsv4.verdicts import Outcome, Verdict
@@ -272,12 +272,14 @@ def _narrow_prefill_rows(ctx: Context) -> bool:
         tree = ctx.parse(text)
     except SyntaxError:
         return False
-    return not any(
+    widened = any(
         isinstance(target, ast.Attribute) and target.attr == "prefill_index_width"
         for node in ast.walk(tree)
         if isinstance(node, ast.Assign)
         for target in node.targets
     )
+    ctx.looked_up(SPARSE_SWA, "prefill_index_width", widened)
+    return not widened
 
 
 def flashinfer_row_limit(ctx: Context) -> tuple[bool, str]:
@@ -328,6 +330,35 @@ def _upstream_or_narrow(ctx: Context, tree: ast.Module | None) -> Outcome | None
     return None
 
 
+RECIPE_SLICER = "_sm120_sparse_mla_sliced_prefill"
+
+
+def _recipe_wide_swa(tree: ast.Module, scope: ast.AST | None) -> str | None:
+    """The DGX-Spark recipe's patch_dsv4_vl_sm120_wide_swa.py: the prefill loop calls its slicer, appended to the file."""
+    calls = scope is not None and any(
+        isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == RECIPE_SLICER
+        for node in ast.walk(scope)
+    )
+    defined = any(isinstance(node, ast.FunctionDef) and node.name == RECIPE_SLICER for node in tree.body)
+    if calls:
+        return f"_forward_prefill sends rows wider than 128 to {RECIPE_SLICER}()"
+    if defined:
+        return f"the file defines {RECIPE_SLICER}()"
+    return None
+
+
+RECIPE_WIDE_SWA = ForeignEdit(
+    script="patch_dsv4_vl_sm120_wide_swa.py",
+    recipe="DGX-Spark recipe",
+    meaning=(
+        "its merge weights the slices by exp(lse), but FlashInfer's SM120 LSE is base 2 (relative error about 0.18 "
+        "on wide rows), and it slices through FlashInfer 0.6's private API whatever FlashInfer is installed: "
+        "it must be replaced"
+    ),
+    found=_recipe_wide_swa,
+)
+
+
 class WideSwa(Patch):
     id = "wide-swa"
     title = "SM120 prefill runs window rows wider than 128 as 128-wide slices merged by base-2 LSE"
@@ -339,6 +370,7 @@ class WideSwa(Patch):
             variants=(Variant(ANCHOR, REPLACEMENT, releases="0.30.0 with FlashInfer 0.6.x"),),
             helpers=HELPERS,
             probe=_upstream_or_narrow,
+            foreign=(RECIPE_WIDE_SWA,),
         ),
     )
 
