@@ -81,7 +81,7 @@ def judge(ctx: Context, patches: list[Patch], check_fit: bool = True, plan: bool
                 ctx.read(edit.file)  # the edit's own file counts as read by it, whoever read it first
                 pairs.append((edit, _not_judged(ctx, edit, outcome, edit_read | {edit.file}, lookups) or outcome))
         reads[patch.id] = read
-        outcomes[patch.id] = pairs
+        outcomes[patch.id] = _elsewhere(ctx, pairs)
     unrecorded = {
         rel: p.why
         for rel in sorted(set().union(*reads.values()) if reads else ())
@@ -103,6 +103,21 @@ def plan_files(ctx: Context, judgement: Judgement, patch_ids: set[str]) -> dict[
     planned_text = _rewrite(outcomes, texts)
     _prove_idempotent(ctx, outcomes, planned_text)
     return {path: ctx.source(path).encode(text) for path, text in planned_text.items()}
+
+
+def _elsewhere(ctx: Context, pairs: list[tuple[Edit, Outcome]]) -> list[tuple[Edit, Outcome]]:
+    """An edit whose own file is gone (RECORD lists it) has no code path there when another edit of the patch
+    found the code it fixes in another file (a class moved between files): not applicable, not drifted."""
+    found = [edit.file for edit, o in pairs if o.verdict in (Verdict.PENDING, Verdict.APPLIED, Verdict.FOREIGN)]
+    if not found:
+        return pairs
+    out = []
+    for edit, outcome in pairs:
+        problem = ctx.problem(edit.file)
+        if outcome.verdict is Verdict.DRIFTED and problem is not None and problem.missing:
+            outcome = Outcome.not_applicable(f"{problem.why}; the code this edit fixes is in {found[0]}")
+        out.append((edit, outcome))
+    return out
 
 
 def _not_judged(ctx: Context, edit: Edit, outcome: Outcome, read: set[str], lookups) -> Outcome | None:
@@ -173,7 +188,8 @@ def _prove_idempotent(ctx: Context, outcomes: dict[str, list[tuple[Edit, Outcome
 
 def edit_reports(pairs: list[tuple[Edit, Outcome]]) -> tuple[EditReport, ...]:
     return tuple(
-        EditReport(edit.label, edit.file, str(edit.scope), o.verdict, o.detail, o.expected, o.found) for edit, o in pairs
+        EditReport(edit.label, edit.file, str(edit.scope), o.verdict, o.detail, o.expected, o.found, o.foreign)
+        for edit, o in pairs
     )
 
 

@@ -31,6 +31,7 @@ from patch_dsv4.verdicts import Outcome, Verdict
 MODEL = "vllm/models/deepseek_v4/nvidia/model.py"
 DSPARK = "vllm/models/deepseek_v4/nvidia/dspark.py"
 VL_MODEL = "vllm/models/deepseek_v4/common/vl_model.py"
+NIGHTLY_VL_MODEL = "vllm/models/deepseek_v4/nvidia/vl_model.py"  # the vision class on 0.29-0.30 nightlies
 TEXT_CLASS = "DeepseekV4ForCausalLM"
 VISION_CLASS = "DeepseekV4ForConditionalGeneration"
 
@@ -184,7 +185,10 @@ def _upstream_draft_gate_bias(ctx: Context, tree: ast.Module | None) -> Outcome 
 
 
 def _upstream_vision_tower(ctx: Context, tree: ast.Module | None) -> Outcome | None:
-    init = ctx.scope(VL_MODEL, VISION_CLASS, "__init__")
+    # the vision class is in common/vl_model.py, or (nightlies between 0.29.0 and 0.30.0) nvidia/vl_model.py
+    where, init = VL_MODEL, ctx.scope(VL_MODEL, VISION_CLASS, "__init__")
+    if init is None:
+        where, init = NIGHTLY_VL_MODEL, ctx.scope(NIGHTLY_VL_MODEL, VISION_CLASS, "__init__")
     if init is None:
         return None
     assigned = {
@@ -193,7 +197,7 @@ def _upstream_vision_tower(ctx: Context, tree: ast.Module | None) -> Outcome | N
     }
     if {"self.vision", "self.aligner"} <= assigned:
         return Outcome.upstream(
-            f"{VL_MODEL}: {VISION_CLASS} owns the vision tower (vision, aligner, image_*) "
+            f"{where}: {VISION_CLASS} owns the vision tower (vision, aligner, image_*) "
             "and its weight mapper drops them when images are off"
         )
     return None
