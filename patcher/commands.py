@@ -338,8 +338,16 @@ def _apply_locked(env, store, patches, only, with_, force, dry_run, notes, takeo
     restores = []
     if takeover:
         found = judge(context_for(env, view), patches, plan=False)
-        edited = [rel for rel in declared_files(patches) if rel not in view.ours and _differs_from_record(env, rel)]
-        restores = plan_restores(env, found, also=edited)
+        wanted = _opt_in_kept(view) | with_ids | foreign_patches(found)
+        # files apply would write but must refuse (not pip's bytes), where another tool's backup holds pip's
+        refused = {
+            edit.file
+            for p in patches
+            if not p.opt_in or p.id in wanted
+            for edit, outcome in found.outcomes[p.id]
+            if outcome.verdict is Verdict.PENDING and edit.file not in view.ours
+        }
+        restores = plan_restores(env, found, also=[rel for rel in sorted(refused) if _differs_from_record(env, rel)])
         for r in restores:
             if r.data is None:
                 raise Refused(
