@@ -335,6 +335,12 @@ def _file_set_changed(site: Site, record: dict) -> bool:
     return file_set_change(record, listed_package_files(site.site_packages)) is not None
 
 
+def _anchored_files(anchors: list) -> list[str]:
+    """A patch's files, leaving out those it has no code path in where another of its files has one."""
+    here = sorted({a["file"] for a in anchors if a.get("verdict") != "not-applicable"})
+    return here or sorted({a["file"] for a in anchors})
+
+
 def anchored_verdicts(site: Site, hasher: Hasher) -> dict | None:
     """A pristine known build (no state): the verdicts anchors/ recorded for it, if its files hash as recorded."""
     record = anchors_record(site.vllm_version)
@@ -346,7 +352,7 @@ def anchored_verdicts(site: Site, hasher: Hasher) -> dict | None:
         return {
             pid: {
                 "verdict": "opt-in" if entry.get("opt_in") and entry["verdict"] == "pending" else entry["verdict"],
-                "files": sorted({a["file"] for a in entry.get("anchors", [])}),
+                "files": _anchored_files(entry.get("anchors", [])),
             }
             for pid, entry in record["patches"].items()
         }

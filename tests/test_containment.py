@@ -87,7 +87,7 @@ def _move_key(data: dict, old: str, new: str) -> None:
         "vllm//models/deepseek_v4/common/vl_model.py",
         "vllm/models/deepseek_v4/common/vl_model.py\x00.bak",
         "",
-        "vllm/models/deepseek_v4/nvidia/vl_model.py",  # a real file, but no patch edits it
+        "vllm/models/deepseek_v4/nvidia/ops/o_proj.py",  # a real file, but no patch edits it
     ],
     ids=["dotdot", "absolute", "inner-dotdot", "empty-part", "nul", "empty", "undeclared"],
 )
