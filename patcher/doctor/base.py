@@ -23,6 +23,54 @@ from typing import Callable, Iterable, Mapping
 
 PASS, WARN, FAIL, SKIP, INFO = "pass", "warn", "fail", "skip", "info"
 STATUSES = (PASS, WARN, FAIL, SKIP, INFO)
+ECHO_LIMIT = 200  # characters of a value from the input that a row repeats
+ROW_LIMIT = 2000  # characters of a row's detail or fix, whatever made them long
+CONFIG_LIMIT = 2 << 20  # bytes of config.json doctor reads (a real one: a few KB)
+CONFIG_MEMORY = 96 << 20  # what json.loads may allocate for config.json (see json_cost)
+MAX_CONFIG_DEPTH = 64  # containers nested in config.json (a real one: 3)
+
+
+def clip(text: str, limit: int = ECHO_LIMIT) -> str:
+    """``text`` cut to ``limit`` characters, saying how long it was: for values echoed from the input."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text):,} characters)"
+
+
+def json_cost(raw: bytes) -> int:
+    """An upper bound, in bytes, of what ``json.loads(raw)`` allocates (the text it decodes included), from
+    counts of the bytes that open containers and separate values; used to refuse input it would balloon on
+    (a 60 MB list of empty lists is 1.5 GB of objects)."""
+    width = 1 if raw.isascii() else 4
+    return (
+        (1 + 2 * width) * len(raw)
+        + 240 * raw.count(b"{")
+        + 64 * raw.count(b"[")
+        + 96 * (raw.count(b",") + raw.count(b":"))
+        + 40 * raw.count(b'"')
+    )
+
+
+def json_depth_over(value, limit: int) -> bool:
+    """Whether ``value`` (parsed JSON) nests dicts and lists more than ``limit`` deep (iterative: one iterator
+    per level held, whatever the width)."""
+
+    def items(container):
+        return iter(container.values() if isinstance(container, dict) else container)
+
+    if not isinstance(value, (dict, list)):
+        return False
+    stack = [items(value)]
+    while stack:
+        if len(stack) > limit:
+            return True
+        for child in stack[-1]:
+            if isinstance(child, (dict, list)):
+                stack.append(items(child))
+                break
+        else:
+            stack.pop()
+    return False
 
 
 @dataclass(frozen=True)
@@ -44,6 +92,10 @@ class Row:
             raise ValueError(f"row {self.id}: unknown status {self.status!r}")
         if self.status in (WARN, FAIL) and not self.fix:
             raise ValueError(f"row {self.id}: a {self.status} row needs a fix")
+        # Echoed values are clipped where they are quoted; this keeps any row short whatever it quoted.
+        object.__setattr__(self, "detail", clip(self.detail, ROW_LIMIT))
+        if self.fix is not None:
+            object.__setattr__(self, "fix", clip(self.fix, ROW_LIMIT))
 
     def to_json(self) -> dict:
         return {"id": self.id, "status": self.status, "detail": self.detail, "fix": self.fix}
@@ -84,7 +136,7 @@ def read_regular_file(path: Path, limit: int = 64 << 20) -> bytes:
         if not stat.S_ISREG(info.st_mode):
             raise OSError(errno.EINVAL, "not a regular file")
         if info.st_size > limit:
-            raise OSError(errno.EFBIG, f"{info.st_size} bytes, more than the {limit} doctor reads")
+            raise OSError(errno.EFBIG, f"{info.st_size:,} bytes, more than the {limit:,} doctor reads")
         chunks = []
         while chunk := os.read(fd, 1 << 20):
             chunks.append(chunk)
@@ -95,6 +147,13 @@ def read_regular_file(path: Path, limit: int = 64 << 20) -> bytes:
 
 class PackUnreadable(Exception):
     """config.json (or the pack directory) cannot be used: the message names the file and why."""
+
+
+@dataclass(frozen=True)
+class _Failed:
+    """A cached computation that raised."""
+
+    error: Exception
 
 
 @dataclass
@@ -113,9 +172,16 @@ class DoctorContext:
         return cls(serve_args=tuple(shlex.split(text or "")), **kwargs)
 
     def cached(self, key: str, compute: Callable[[], object]):
+        """``compute()``, once per run: a failure is kept too, and raised again, never computed twice."""
         if key not in self._cache:
-            self._cache[key] = compute()
-        return self._cache[key]
+            try:
+                self._cache[key] = compute()
+            except Exception as exc:
+                self._cache[key] = _Failed(exc)
+        value = self._cache[key]
+        if isinstance(value, _Failed):
+            raise value.error
+        return value
 
     def config(self) -> dict:
         """The pack's config.json as a dict; raises PackUnreadable (cached either way)."""
@@ -124,15 +190,28 @@ class DoctorContext:
             assert self.pack is not None
             path = self.pack / "config.json"
             try:
-                data = json.loads(read_regular_file(path))
+                raw = read_regular_file(path, CONFIG_LIMIT)
             except FileNotFoundError:
                 return PackUnreadable(f"{path} not found")
             except OSError as exc:
+                if exc.errno == errno.EFBIG:
+                    return PackUnreadable(f"{path} is {exc.strerror}: a model config is a few KB")
                 return PackUnreadable(f"{path} cannot be read ({exc.strerror or exc})")
+            if json_cost(raw) > CONFIG_MEMORY:
+                return PackUnreadable(
+                    f"{path} holds more JSON values than doctor reads ({len(raw):,} bytes, mostly separators and "
+                    "brackets): a model config is a few KB"
+                )
+            try:
+                data = json.loads(raw)
             except (ValueError, RecursionError) as exc:
-                return PackUnreadable(f"{path} is not valid JSON ({type(exc).__name__}: {exc})")
+                return PackUnreadable(f"{path} is not valid JSON ({type(exc).__name__}: {clip(str(exc))})")
             if not isinstance(data, dict):
                 return PackUnreadable(f"{path} holds a JSON {type(data).__name__}, not an object")
+            if json_depth_over(data, MAX_CONFIG_DEPTH):
+                return PackUnreadable(
+                    f"{path} nests objects and lists more than {MAX_CONFIG_DEPTH} deep: a model config nests 3"
+                )
             return data
 
         result = self.cached("config", load)

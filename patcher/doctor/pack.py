@@ -20,8 +20,20 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .base import FAIL, PASS, SKIP, WARN, DoctorContext, PackUnreadable, Row, check, read_regular_file
-from .safetensors import Shard, ShardError
+from .base import (
+    FAIL,
+    PASS,
+    SKIP,
+    WARN,
+    DoctorContext,
+    PackUnreadable,
+    Row,
+    check,
+    clip,
+    json_cost,
+    read_regular_file,
+)
+from .safetensors import Budget, Shard, ShardError
 
 MARKER_VALUES = {"mcg": -877912083, "mul1": -2082680531}  # P exl3.py:94,96
 VALID_K = (2, 3, 4, 5, 6)  # P exl3.py Exl3Config.__init__
@@ -69,11 +81,21 @@ DENSE_LINEARS = {
     "ffn.shared_experts.w3": "mlp.shared_experts.gate_up_proj",
     "ffn.shared_experts.w2": "mlp.shared_experts.down_proj",
 }
-WO_A_SLICE = re.compile(r"attn\.wo_a\.slice\.(\d+)$")
-NUMBERED_SHARD = re.compile(r"model-(\d+)-of-(\d+)\.safetensors$")
+WO_A_SLICE = re.compile(r"attn\.wo_a\.slice\.([0-9]{1,4})$")
+NUMBERED_SHARD = re.compile(r"model-([0-9]{1,9})-of-([0-9]{1,9})\.safetensors$")
+MAX_LAYERS = 100_000  # num_hidden_layers doctor takes (the real pack: 43)
 LEFTOVER_SUFFIXES = (".incomplete", ".part")
 ROUTE_B_MARKER = "_bf16_to_fp8_stream"  # R scripts/patch_dsv4_loader.py
 DSV4_NVIDIA = ("vllm", "models", "deepseek_v4", "nvidia")
+# What the scan keeps (experts, layouts, dense modules and parts, widths, layers): the real pack needs ~13k.
+MAX_SUMMARY = 50_000
+INDEX_LIMIT = 64 << 20  # bytes of model.safetensors.index.json read (the real pack's would be ~8 MB)
+INDEX_MEMORY = 128 << 20  # what json.loads may allocate for it (see json_cost)
+
+
+def _index(text: str) -> int | None:
+    """A layer or expert number in a tensor name (ASCII digits, at most 9), else None."""
+    return int(text) if text.isdigit() and text.isascii() and len(text) <= 9 else None
 
 
 # --------------------------------------------------------------------------- the scan
@@ -133,7 +155,7 @@ class PackScan:
             parts = name.split(".")
             if len(parts) == 7 and parts[3] == "experts" and parts[2] == "ffn":
                 head = parts[0]
-                if (head == "layers" or head == "mtp") and parts[1].isdigit() and parts[4].isdigit():
+                if (head == "layers" or head == "mtp") and None not in (_index(parts[1]), _index(parts[4])):
                     layer = int(parts[1])
                     if head == "mtp":
                         self.mtp_blocks.add(layer)
@@ -163,7 +185,7 @@ class PackScan:
     def _add_other(self, shard: Shard, name: str, entry: dict, parts: list[str]) -> None:
         """Every name but a routed expert's: MTP blocks, gates, dense linears, the vision tower, stray markers."""
         head = parts[0]
-        if head in ("layers", "mtp") and len(parts) > 2 and parts[1].isdigit():
+        if head in ("layers", "mtp") and len(parts) > 2 and _index(parts[1]) is not None:
             layer = int(parts[1])
             if head == "mtp":
                 self.mtp_blocks.add(layer)
@@ -188,6 +210,14 @@ class PackScan:
         # Name a tower tensor when there is one: it says "vision" more plainly than a gate's bias_vl.
         if self.first_vision_tensor is None or self.first_vision_tensor.endswith("bias_vl"):
             self.first_vision_tensor = name
+
+    def size(self) -> int:
+        """How many things the summary keeps (it is bounded by MAX_SUMMARY, give or take one shard)."""
+        return (
+            len(self.experts) + len(self.expert_layouts) + len(self.widths) + sum(map(len, self.widths.values()))
+            + len(self.dense) + sum(map(len, self.dense.values())) + len(self.mtp_blocks)
+            + len(self.gate_bias_layers) + len(self.tid2eid_layers)
+        )
 
     # ---- derived facts
 
@@ -224,13 +254,19 @@ def scan_pack(pack: Path) -> PackScan:
     except OSError as exc:
         scan.listing_error = f"{pack} cannot be listed ({exc.strerror or exc})"
         return scan
+    budget = Budget()
     for path in scan.files:
         try:
             scan.safetensors_bytes += path.stat().st_size
         except OSError:
             pass  # reported by pack.shards when the file is opened
+        if scan.size() > MAX_SUMMARY:
+            scan.problems.append(ShardError(
+                path, f"not read: the shards before it name more experts, layers and modules than doctor "
+                f"summarises ({MAX_SUMMARY:,}); a DeepSeek-V4 pack has about 13,000"))
+            continue
         try:
-            with Shard(path) as shard:
+            with Shard(path, budget) as shard:
                 if shard.size_error:
                     scan.problems.append(shard.size_error)
                 scan.tensor_counts[path.name] = len(shard.tensors)
@@ -282,7 +318,7 @@ def declared_layer_bits(quant: dict) -> tuple[dict[int, int], list[str]]:
     for key, value in raw.items():
         layer, k = plugin_int(key), plugin_int(value)
         if layer is None or k is None or k not in VALID_K:
-            rejected.append(f"layer_bits[{key!r}] = {value!r} (vllm-exl3 accepts 2-6)")
+            rejected.append(f"layer_bits[{clip(repr(key))}] = {clip(repr(value))} (vllm-exl3 accepts 2-6)")
         else:
             parsed[layer] = k
     return parsed, rejected
@@ -310,7 +346,7 @@ def wanted_codebook(quant: dict, scan: PackScan) -> str | None:
     routed experts' marker tensors; None when it is right."""
     codebook = quant.get("codebook", "mcg")
     found = sorted(scan.routed_marker_suffixes)
-    if codebook in MARKER_VALUES and (not found or found == [codebook]):
+    if isinstance(codebook, str) and codebook in MARKER_VALUES and (not found or found == [codebook]):
         return None
     return found[0] if len(found) == 1 else "mcg"
 
@@ -335,7 +371,7 @@ def source_mtp_problems(cfg: dict, quant: dict) -> list[str]:
     if mode != "source":
         problems.append(f"mtp_experts is {_json(mode) if mode is not None else 'absent'}, not \"source\"")
     if start != layers:
-        problems.append(f"mtp_experts_start_layer is {_json(start)}, not num_hidden_layers ({layers})")
+        problems.append(f"mtp_experts_start_layer is {_echo(start)}, not num_hidden_layers ({layers})")
     if not (isinstance(delegate, dict) and delegate.get("quant_method")):
         problems.append("non_routed_quantization declares no quant_method for the draft's experts")
     return problems
@@ -362,6 +398,8 @@ def model_dims(cfg: dict) -> Dims | str:
     missing = [key for key, value in zip(keys, values) if value is None or value <= 0]
     if missing:
         return f"config.json has no positive integer {', '.join(missing)}"
+    if values[0] > MAX_LAYERS:
+        return f"config.json's num_hidden_layers {values[0]} is more than doctor checks ({MAX_LAYERS:,})"
     return Dims(*values)
 
 
@@ -378,8 +416,8 @@ def speculative_config(ctx: DoctorContext) -> dict | str | None:
         return None
     try:
         spec = json.loads(text)
-    except ValueError as exc:
-        return f"--speculative-config is not JSON ({exc})"
+    except (ValueError, RecursionError) as exc:
+        return f"--speculative-config is not JSON ({clip(str(exc))})"
     return spec if isinstance(spec, dict) else "--speculative-config is not a JSON object"
 
 
@@ -448,6 +486,11 @@ def _block(block: str, layer: int) -> str:
 
 def _json(value) -> str:
     return json.dumps(value, separators=(", ", ": "))
+
+
+def _echo(value) -> str:
+    """A value read from the pack, as a row quotes it: JSON, cut to 200 characters."""
+    return clip(_json(value))
 
 
 # --------------------------------------------------------------------------- public facts
@@ -542,8 +585,8 @@ def check_config(ctx: DoctorContext) -> Row:
         return Row("pack.config", FAIL, str(exc),
                    f"config.json is missing or invalid in {ctx.pack}; download the pack again.")
     return Row("pack.config", PASS,
-               f"config.json read: model_type {_json(cfg.get('model_type'))}, "
-               f"num_hidden_layers {_json(cfg.get('num_hidden_layers'))}, {len(cfg)} top-level keys.")
+               f"config.json read: model_type {_echo(cfg.get('model_type'))}, "
+               f"num_hidden_layers {_echo(cfg.get('num_hidden_layers'))}, {len(cfg)} top-level keys.")
 
 
 @check("pack.text-config", needs=("pack",))
@@ -576,7 +619,7 @@ def check_quant_method(ctx: DoctorContext) -> Row:
     method = quantization_config(cfg).get("quant_method")
     if method == "exl3":
         return Row("quant.method", PASS, 'quantization_config.quant_method is "exl3".')
-    found = "absent" if method is None else f'"{method}"'
+    found = "absent" if method is None else _echo(method)
     refusal = fixer_refusal(ctx)
     if refusal is None:
         how = (f'Set "quant_method": "exl3"{_fix_config_note(ctx)}; for the archived fork route use '
@@ -604,7 +647,7 @@ def check_quant_bits(ctx: DoctorContext) -> Row:
     bits = valid_bits(quant)
     if bits is None:
         return Row("quant.bits", FAIL,
-                   f"quantization_config.bits is {_json(quant['bits'])}; vllm-exl3 accepts 2-6 and refuses "
+                   f"quantization_config.bits is {_echo(quant['bits'])}; vllm-exl3 accepts 2-6 and refuses "
                    "the config.",
                    f"Set \"bits\" to the K of the layers not listed in layer_bits{suggestion}"
                    + _fix_config_note(ctx) + ".")
@@ -623,7 +666,7 @@ def check_quant_codebook(ctx: DoctorContext) -> Row:
              else "no routed marker tensors were found")
     wanted = wanted_codebook(quant, scan)
     if wanted:
-        return Row("quant.codebook", FAIL, f"codebook {_json(codebook)} does not match the pack: {where}.",
+        return Row("quant.codebook", FAIL, f"codebook {_echo(codebook)} does not match the pack: {where}.",
                    f'Set "codebook": "{wanted}" in quantization_config' + _fix_config_note(ctx) + ".")
     stated = "" if "codebook" in quant else " (absent; vllm-exl3 assumes mcg)"
     return Row("quant.codebook", PASS, f'codebook is "{codebook}"{stated} and {where}.')
@@ -642,19 +685,28 @@ def _leftovers(pack: Path) -> list[str]:
     return sorted(found)
 
 
-def _numbering_gaps(files: list[Path]) -> list[str]:
+def _numbering_gaps(files: list[Path]) -> tuple[list[str], int]:
+    """(the first missing shards of each numbered set, and a mixture of sets, at most 3 named; how many)."""
     totals: dict[str, set[int]] = defaultdict(set)
     for path in files:
         match = NUMBERED_SHARD.match(path.name)
         if match:
             totals[match.group(2)].add(int(match.group(1)))
-    gaps = []
+    gaps, count = [], 0
     for total, numbers in sorted(totals.items()):
-        width = len(total)
-        gaps += [f"model-{n:0{width}d}-of-{total}.safetensors" for n in range(1, int(total) + 1) if n not in numbers]
+        width, n = len(total), 1
+        inside = {number for number in numbers if 1 <= number <= int(total)}
+        count += int(total) - len(inside)  # counted, not listed: a name may claim 999999999 shards
+        while len(gaps) < 3 and n <= int(total):
+            if n not in inside:
+                gaps.append(f"model-{n:0{width}d}-of-{total}.safetensors")
+            n += 1
     if len(totals) > 1:
-        gaps.append(f"shards of {len(totals)} different sets (of-{', of-'.join(sorted(totals))})")
-    return gaps
+        names = sorted(totals)
+        gaps.append(f"shards of {len(totals)} different sets (of-{', of-'.join(names[:3])}"
+                    + (", ...)" if len(names) > 3 else ")"))
+        count += 1
+    return gaps, count
 
 
 @check("pack.shards", needs=("pack",))
@@ -672,7 +724,7 @@ def check_shards(ctx: DoctorContext) -> Row:
     if not scan.files:
         return Row("pack.shards", FAIL, f"{ctx.pack} holds no *.safetensors file.",
                    f"Point --pack at the directory that holds the shards, or download them: {redownload}.")
-    gaps = _numbering_gaps(scan.files)
+    gaps, gap_count = _numbering_gaps(scan.files)
     leftovers = _leftovers(ctx.pack)
     if scan.problems:
         first = scan.problems[0]
@@ -684,7 +736,8 @@ def check_shards(ctx: DoctorContext) -> Row:
         detail = _first([str(p) for p in scan.problems])
         return Row("pack.shards", FAIL, f"{len(scan.files)} shards: {detail}.", fix)
     if gaps:
-        return Row("pack.shards", FAIL, f"{len(scan.files)} shards, but {_first(gaps)} is missing.",
+        more = f" (and {gap_count - 1} more)" if gap_count > 1 else ""
+        return Row("pack.shards", FAIL, f"{len(scan.files)} shards, but {gaps[0]}{more} is missing.",
                    f"Download the missing shards: {redownload}.")
     if leftovers:
         return Row("pack.shards", FAIL, f"an interrupted download left {_first(leftovers)} in the pack.",
@@ -706,11 +759,15 @@ def check_index(ctx: DoctorContext) -> Row:
     path = pack / INDEX_NAME
     regenerate = "Regenerate the index from the files on disk (or delete it: the vcruz305 pack ships none)."
     try:
-        raw = read_regular_file(path)
+        raw = read_regular_file(path, INDEX_LIMIT)
     except FileNotFoundError:
         return Row("pack.index", PASS, f"no {INDEX_NAME}: vLLM loads every *.safetensors in the pack.")
     except OSError as exc:
         return Row("pack.index", FAIL, f"{INDEX_NAME} cannot be read ({exc.strerror or exc}).", regenerate)
+    if json_cost(raw) > INDEX_MEMORY:
+        return Row("pack.index", FAIL,
+                   f"{INDEX_NAME} holds more JSON values than doctor reads ({len(raw):,} bytes, mostly separators "
+                   "and brackets).", regenerate)
     try:
         weight_map = json.loads(raw).get("weight_map")
     except (ValueError, AttributeError, RecursionError):
@@ -790,15 +847,22 @@ def _missing_part(bit: int) -> str:
     return f"{PROJECTIONS[bit // 4]}.{'mcg' if part == 'marker' else part}"
 
 
-def _expected_experts(scan: PackScan, dims: Dims):
+def _experts_by_layer(scan: PackScan) -> dict[tuple[str, int], dict[int, int]]:
+    """(block, layer) -> expert -> the bit set of its tensors present."""
+    by_layer: dict[tuple[str, int], dict[int, int]] = defaultdict(dict)
+    for (block, layer, expert), mask in scan.experts.items():
+        by_layer[(block, layer)][expert] = mask
+    return by_layer
+
+
+def _expected_experts(dims: Dims, by_layer: dict[tuple[str, int], dict[int, int]]):
     """(block, layer, complete mask) for every routed-expert layer the pack must hold."""
     for layer in range(dims.layers):
         yield "layers", layer, EXL3_COMPLETE
-    for block in sorted(scan.mtp_blocks):
-        masks = [m for (b, layer, _), m in scan.experts.items() if b == "mtp" and layer == block]
-        if masks:
-            exl3 = sum(1 for m in masks if m & EXL3_COMPLETE) >= len(masks) / 2
-            yield "mtp", block, EXL3_COMPLETE if exl3 else SOURCE_COMPLETE
+    for (block, layer), present in sorted(by_layer.items()):
+        if block == "mtp":
+            exl3 = sum(1 for m in present.values() if m & EXL3_COMPLETE) >= len(present) / 2
+            yield "mtp", layer, EXL3_COMPLETE if exl3 else SOURCE_COMPLETE
 
 
 @check("experts.complete", needs=("pack",))
@@ -811,23 +875,28 @@ def check_experts_complete(ctx: DoctorContext) -> Row:
     dims = model_dims(cfg)
     if isinstance(dims, str):
         return Row("experts.complete", SKIP, dims + ".")
-    scan = pack_scan(ctx)
+    by_layer = _experts_by_layer(pack_scan(ctx))
     missing, first = 0, None
-    for block, layer, complete in _expected_experts(scan, dims):
-        for expert in range(dims.experts):
-            absent = complete & ~scan.experts.get((block, layer, expert), 0)
-            if absent:
-                missing += bin(absent).count("1")
-                if first is None:
-                    bit = (absent & -absent).bit_length() - 1
-                    first = f"{block}.{layer}.ffn.experts.{expert}.{_missing_part(bit)}"
+    # Counted per layer from the experts present (a config may declare millions of experts: none is looped over).
+    for block, layer, complete in _expected_experts(dims, by_layer):
+        present = {e: m for e, m in by_layer.get((block, layer), {}).items() if e < dims.experts}
+        here = (dims.experts - len(present)) * bin(complete).count("1")
+        here += sum(bin(complete & ~m).count("1") for m in present.values())
+        if here and first is None:
+            expert = 0
+            while expert in present and not complete & ~present[expert]:
+                expert += 1
+            absent = complete & ~present.get(expert, 0)
+            bit = (absent & -absent).bit_length() - 1
+            first = f"{block}.{layer}.ffn.experts.{expert}.{_missing_part(bit)}"
+        missing += here
     if missing:
         return Row("experts.complete", FAIL,
                    f"{_plural(missing, 'routed-expert tensor')} missing (first: {first}); vLLM would leave them "
                    "uninitialised and generate garbage.",
                    "Re-download the shards that hold them"
                    f" (hf download <repo-id> --local-dir {shlex.quote(str(ctx.pack))}).")
-    blocks = len(list(_expected_experts(scan, dims)))
+    blocks = len(list(_expected_experts(dims, by_layer)))
     return Row("experts.complete", PASS,
                f"all {dims.experts} experts x 3 projections of {blocks} expert layers are present "
                f"({dims.layers} main, {blocks - dims.layers} MTP).")
@@ -985,7 +1054,7 @@ def check_dense_policy(ctx: DoctorContext) -> Row:
     example = f"{_plural(len(plain), 'dense linear')} stored as BF16 with no scales (e.g. {plain[0]}.weight)"
     if policy == STOCK_POLICY:
         return Row("dense.policy", PASS, f'{example}, and non_routed_dtype_policy is "{STOCK_POLICY}".')
-    found = "absent" if policy is None else f'"{policy}"'
+    found = "absent" if policy is None else _echo(policy)
     delegate = quant.get("non_routed_quantization")
     if not (isinstance(delegate, dict) and delegate.get("quant_method")):
         return Row("dense.policy", PASS,
@@ -1039,7 +1108,7 @@ def check_mtp_format(ctx: DoctorContext) -> Row:
         bits = declared_bits(quant)
         layer_bits, _ = declared_layer_bits(quant)
         if mode not in (None, "exl3"):
-            problems.append(f"mtp_experts is {_json(mode)}, which sends EXL3 draft experts to the fp8 delegate")
+            problems.append(f"mtp_experts is {_echo(mode)}, which sends EXL3 draft experts to the fp8 delegate")
         wanted = {}
         for block, k in sorted(scan.layer_k("mtp").items()):
             index = (layers or 0) + block
@@ -1086,7 +1155,7 @@ def check_quant_delegate(ctx: DoctorContext) -> Row:
                    f"the quantization methods of the installed vLLM could not be read ({where}).")
     if method not in methods:
         return Row("quant.delegate", FAIL,
-                   f'non_routed_quantization names "{method}", which {where} does not register.',
+                   f"non_routed_quantization names {_echo(method)}, which {where} does not register.",
                    'Use "fp8" (the DeepSeek-V4 block-FP8 declaration): '
                    f'"non_routed_quantization": {_json(FP8_DELEGATE)}.')
     return Row("quant.delegate", PASS, f'non_routed_quantization "{method}" is a method this vLLM registers.')
@@ -1142,8 +1211,8 @@ def check_dense_exl3_map(ctx: DoctorContext) -> Row:
     base = declared_bits(quant)
     problems: list[tuple[str, str]] = []
     codebook = nre.get("codebook", "mcg")
-    if codebook not in MARKER_VALUES:
-        problems.append((f"non_routed_exl3.codebook is {_json(codebook)}", 'Set non_routed_exl3 "codebook": "mcg".'))
+    if not isinstance(codebook, str) or codebook not in MARKER_VALUES:
+        problems.append((f"non_routed_exl3.codebook is {_echo(codebook)}", 'Set non_routed_exl3 "codebook": "mcg".'))
     mismatched: Counter = Counter()
     groups: dict[str, set[int]] = defaultdict(set)
     for module in modules:
@@ -1254,7 +1323,7 @@ def check_topk_method(ctx: DoctorContext) -> Row:
     if method == "noaux_tc":
         return Row("config.topk-method", PASS,
                    f'{_plural(len(biased), "layer")} ship ffn.gate.bias and topk_method is "noaux_tc".')
-    found = "absent" if method is None else _json(method)
+    found = "absent" if method is None else _echo(method)
     return Row("config.topk-method", FAIL,
                f"the checkpoint ships routing biases on {len(biased)} layers (layers.{biased[0]}.ffn.gate.bias) but "
                f"topk_method is {found}; vLLM will not create e_score_correction_bias.",
@@ -1275,7 +1344,7 @@ def check_hash_layers(ctx: DoctorContext) -> Row:
                    "Re-download the shards holding the first layers' gate tensors.")
     if (declared or 0) != len(layers) or isinstance(declared, bool):
         return Row("config.hash-layers", FAIL,
-                   f"num_hash_layers is {_json(declared)} but the checkpoint has tid2eid on "
+                   f"num_hash_layers is {_echo(declared)} but the checkpoint has tid2eid on "
                    f"{_plural(len(layers), 'layer')}.",
                    f'Set "num_hash_layers": {len(layers)} in config.json (restore it from the source config).')
     return Row("config.hash-layers", PASS, f"num_hash_layers {len(layers)} matches the layers carrying tid2eid.")
@@ -1299,7 +1368,7 @@ def check_vision(ctx: DoctorContext) -> Row:
     if scan.vision_tensors and layers <= 0:
         return Row("config.vision", FAIL,
                    f"the pack ships {scan.vision_tensors} vision tensors (e.g. {scan.first_vision_tensor}) but "
-                   f"vision_n_layers is {_json(cfg.get('vision_n_layers'))}.",
+                   f"vision_n_layers is {_echo(cfg.get('vision_n_layers'))}.",
                    "The pack ships a vision tower but vision_n_layers is 0: vLLM >= 0.30 will pick the text class and "
                    "reject vision.* / leave gate.bias_vl unset. Restore vision_n_layers from the source config.")
     if not scan.vision_tensors and layers > 0:
@@ -1334,7 +1403,7 @@ def check_spec_k(ctx: DoctorContext) -> Row:
     method = spec.get("method")
     if method not in MTP_DRAFT_METHODS:
         return Row("config.spec-k", PASS,
-                   f"speculative method {_json(method)} does not draft from the pack's MTP layers.")
+                   f"speculative method {_echo(method)} does not draft from the pack's MTP layers.")
     n = len(pack_scan(ctx).mtp_blocks) or _config_int(ctx.config(), "num_nextn_predict_layers") or 0
     k = spec.get("num_speculative_tokens")
     if n == 0:
