@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from .base import FAIL, INFO, PASS, SKIP, WARN, DoctorContext, Row, check
+from .base import FAIL, INFO, PASS, SKIP, WARN, DoctorContext, Row, check, clip
 from .runtime import module_assignment, parse_python, target_option, vllm_file
 from .serving_env import (
     dense_exl3_modules,
@@ -146,7 +146,7 @@ def integer_variables(ctx: DoctorContext) -> Row:
         return Row("env.int-parse", SKIP, "vllm/envs.py has no readable environment_variables table")
     bad = sorted((name, value) for name, value in ctx.environ.items() if name in envs.int_parsed and not _is_int(value))
     if bad:
-        said = ", ".join(f"{name}={value!r}" for name, value in bad)
+        said = ", ".join(f"{name}={clip(repr(value))}" for name, value in bad)
         fix = " ".join(f"{name}={_WORDS.get(value.strip().lower(), '<integer>')}" for name, value in bad)
         return Row(
             "env.int-parse",
@@ -179,7 +179,7 @@ def shared_expert_stream(ctx: DoctorContext) -> Row:
     value = ctx.environ.get(SHARED_STREAM)
     if _switch_on(value):
         return Row("env.shared-stream", PASS, f"the shared experts are EXL3 and {SHARED_STREAM}={value}.")
-    state = "unset" if value is None else f"{value!r}"
+    state = "unset" if value is None else clip(repr(value))
     return Row(
         "env.shared-stream",
         FAIL,
@@ -226,7 +226,7 @@ def cuda_graphs_off(ctx: DoctorContext) -> str | None:
     raw = ctx.serve_flag("--compilation-config")
     try:
         config = json.loads(raw) if raw else None
-    except ValueError:
+    except (ValueError, RecursionError):
         config = None
     if isinstance(config, dict) and str(config.get("cudagraph_mode", "")).upper() == "NONE":
         return 'cudagraph_mode "NONE"'
@@ -363,7 +363,7 @@ def plugin_variables(ctx: DoctorContext) -> Row:
             fixes.append("unset VLLM_EXL3_MOE_KERNEL")
         elif kernel.strip().lower() not in choices:
             problems.append(
-                f"VLLM_EXL3_MOE_KERNEL={kernel!r} is not one of {', '.join(sorted(choices))}; "
+                f"VLLM_EXL3_MOE_KERNEL={clip(repr(kernel))} is not one of {', '.join(sorted(choices))}; "
                 "the plugin falls back to auto"
             )
             fixes.append(f"export VLLM_EXL3_MOE_KERNEL=auto (or one of {', '.join(sorted(choices))})")
@@ -393,8 +393,8 @@ def recipe_flags(ctx: DoctorContext) -> Row:
         return Row("flags.recipe", SKIP, "no --serve-args given")
     kv = ctx.serve_flag("--kv-cache-dtype")
     quantization = ctx.serve_flag("--quantization") or ctx.serve_flag("-q")
-    differences = ([f"--kv-cache-dtype is {kv}"] if kv is not None and not kv.startswith("fp8") else []) + (
-        [f"--quantization is {quantization}"] if quantization is not None and quantization != "exl3" else []
+    differences = ([f"--kv-cache-dtype is {clip(kv)}"] if kv is not None and not kv.startswith("fp8") else []) + (
+        [f"--quantization is {clip(quantization)}"] if quantization is not None and quantization != "exl3" else []
     )
     if differences:
         return Row(
@@ -406,4 +406,4 @@ def recipe_flags(ctx: DoctorContext) -> Row:
     absent = [name for name, value in (("--kv-cache-dtype", kv), ("--quantization", quantization)) if value is None]
     if absent:
         return Row("flags.recipe", INFO, f"{' and '.join(absent)} not given: vLLM takes it from the pack's config.")
-    return Row("flags.recipe", PASS, f"--kv-cache-dtype {kv} --quantization {quantization}, as the recipes serve.")
+    return Row("flags.recipe", PASS, f"--kv-cache-dtype {clip(kv)} --quantization exl3, as the recipes serve.")

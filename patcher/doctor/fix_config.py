@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..fs import Dir, Owner, UnsafePath
-from .base import DoctorContext, read_regular_file
+from .base import CONFIG_LIMIT, DoctorContext, read_regular_file
 from .pack import (
     FP8_DELEGATE,
     STOCK_POLICY,
@@ -117,15 +117,22 @@ def _keep_original(directory: Dir, config: Path, original: bytes, owner: Owner) 
     return backup
 
 
-def fix_config(pack: Path) -> FixResult:
-    """Write the config edits the failing pack rows ask for; see the module docstring."""
+def fix_config(pack: Path, checks: DoctorContext | None = None) -> FixResult:
+    """Write the config edits the failing pack rows ask for; see the module docstring.
+
+    ``checks`` is the context the rows will be judged in after the fix: the shards'
+    headers are scanned once, there, and both use that scan (config.json is read
+    afresh by each, since this changes it).
+    """
     config = pack / "config.json"
     ctx = DoctorContext(pack=pack)
+    if checks is not None:
+        ctx._cache["pack.scan"] = pack_scan(checks)
     refusal = fixer_refusal(ctx)
     if refusal:
         return FixResult(config, refused=refusal)
     try:
-        original = read_regular_file(config)
+        original = read_regular_file(config, CONFIG_LIMIT)
         mode = stat.S_IMODE(os.stat(config).st_mode)
     except OSError as exc:
         return FixResult(config, refused=f"{config} cannot be read ({exc.strerror or exc})")

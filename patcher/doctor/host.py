@@ -264,7 +264,7 @@ def kv_budget(ctx: DoctorContext) -> Row:
     kv_dtype = ctx.serve_flag("--kv-cache-dtype") or "auto"
     kv = (
         length
-        * (layers if isinstance(layers, int) else 43)
+        * (layers if isinstance(layers, int) and 0 < layers < 100_000 else 43)
         * MLA_KV_BYTES_PER_TOKEN_LAYER
         * (1 if kv_dtype.startswith("fp8") else 2)
     )

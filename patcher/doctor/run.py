@@ -18,7 +18,7 @@ from pathlib import Path
 from patch_dsv4.environment import Environment
 from patch_dsv4.errors import EXIT_NEEDS_ACTION, EXIT_OK, EnvironmentProblem
 
-from .base import FAIL, STATUSES, DoctorContext, Row, Runtime, run_checks
+from .base import FAIL, STATUSES, DoctorContext, Row, Runtime, clip, run_checks
 
 
 def _register_checks() -> None:
@@ -130,16 +130,18 @@ def doctor(env: Environment, pack: Path | None, serve_args: str | None, fix_conf
     try:
         args = tuple(shlex.split(serve_args or ""))
     except ValueError as exc:
-        raise EnvironmentProblem(f"cannot read --serve-args {serve_args!r}", str(exc), "quote it as a shell would") from None
+        raise EnvironmentProblem(
+            f"cannot read --serve-args {clip(repr(serve_args))}", str(exc), "quote it as a shell would"
+        ) from None
     fixed = None
+    if fix_config and pack is None:
+        raise EnvironmentProblem("--fix-config needs --pack DIR", "", "patch-dsv4 doctor --pack DIR --fix-config")
+    ctx = DoctorContext(pack=pack, runtime=runtime_for(env), environ=dict(os.environ), serve_args=args)
     if fix_config:
-        if pack is None:
-            raise EnvironmentProblem("--fix-config needs --pack DIR", "", "patch-dsv4 doctor --pack DIR --fix-config")
         from .fix_config import fix_config as write_fixes
 
-        fixed = write_fixes(pack)
+        fixed = write_fixes(pack, ctx)  # scans the headers in ctx, where the rows then find the scan
     _register_checks()
-    ctx = DoctorContext(pack=pack, runtime=runtime_for(env), environ=dict(os.environ), serve_args=args)
     rows = tuple(run_checks(ctx))
     return DoctorReport(str(env.site_packages), env.vllm_version, str(pack) if pack else None, rows, fixed)
 

@@ -375,9 +375,13 @@ def human_readable_int(text: str | None) -> int | None:
     match = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgGtT])", text)
     if match:
         number, suffix = match.groups()
+        if len(number) > 30 or not number.isascii():  # far past any length a GPU holds
+            return None
         if suffix.islower():
             return int(float(number) * 10 ** {"k": 3, "m": 6, "g": 9, "t": 12}[suffix])
         return int(number) * 2 ** {"K": 10, "M": 20, "G": 30, "T": 40}[suffix] if number.isdigit() else None
+    if len(text) > 30:
+        return None
     try:
         return int(text)
     except ValueError:
@@ -391,7 +395,8 @@ def max_model_len(ctx: DoctorContext) -> tuple[int | None, str]:
     if flag is not None and flag.strip().lower() not in ("auto", "-1"):
         return human_readable_int(flag), "--max-model-len"
     length = ctx.config().get("max_position_embeddings") if ctx.pack is not None else None
-    return (length if isinstance(length, int) else None), "max_position_embeddings"
+    usable = isinstance(length, int) and not isinstance(length, bool) and 0 < length < 2**40
+    return (length if usable else None), "max_position_embeddings"
 
 
 def tensor_parallel_size(ctx: DoctorContext) -> int | None:
@@ -399,7 +404,7 @@ def tensor_parallel_size(ctx: DoctorContext) -> int | None:
     value = ctx.serve_flag("--tensor-parallel-size") or ctx.serve_flag("-tp")
     if value is None:
         return 1
-    return int(value) if value.isdigit() and int(value) > 0 else None
+    return int(value) if value.isascii() and value.isdigit() and len(value) <= 6 and int(value) > 0 else None
 
 
 def gpu_memory_utilization(ctx: DoctorContext) -> float | None:

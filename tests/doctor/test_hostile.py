@@ -1,0 +1,349 @@
+"""Hostile packs and arguments: doctor judges the largest headers and configs in little memory and time,
+answers type-wrong input with a row (never an internal error), and quotes what it read in short rows.
+
+Memory is measured in a child process (its peak RSS); bench/bench_doctor_hostile.py runs the full-size
+cases (99 MB headers, a 60 MB config) through the whole command.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import random
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from patch_dsv4.doctor import pack as pack_module
+from patch_dsv4.doctor.base import CHECKS, FAIL, PASS, ROW_LIMIT, SKIP, DoctorContext, Row, run_checks
+from patch_dsv4.doctor.fix_config import fix_config
+from patch_dsv4.doctor.run import _register_checks
+from patch_dsv4.doctor.safetensors import Shard
+from tests.conftest import ROOT, run_cli
+from tests.doctor.synthetic import (
+    DSPARK,
+    PACK_CHECKS,
+    SMALL,
+    SMALL_TP8,
+    build_mixedk_pack,
+    fake_vllm,
+    lna_dense_config,
+    mixedk_config,
+    run_pack_checks,
+    write_shard,
+)
+from tests.doctor.test_safetensors import shard_bytes
+
+CHILD = """
+import json, sys
+from pathlib import Path
+from patch_dsv4.doctor.base import DoctorContext, run_checks
+from tests.doctor.synthetic import PACK_CHECKS
+rows = run_checks(DoctorContext(pack=Path(sys.argv[1])), PACK_CHECKS)
+# VmHWM, not ru_maxrss: the latter counts the parent's memory too (the child is forked from it before exec).
+peak = next(line for line in open("/proc/self/status") if line.startswith("VmHWM:"))
+print(json.dumps({"rss_mb": int(peak.split()[1]) / 1024, "rows": {row.id: [row.status, row.detail] for row in rows}}))
+"""
+
+
+def in_a_child(pack: Path, timeout: float = 30) -> dict:
+    """The pack rows, judged in a fresh interpreter, and its peak RSS."""
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD, str(pack)], capture_output=True, text=True, cwd=ROOT, timeout=timeout
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout)
+
+
+def filled(prefix: bytes, unit: bytes, suffix: bytes, size: int) -> bytes:
+    return prefix + (unit * ((size - len(prefix) - len(suffix)) // len(unit))).rstrip(b",") + suffix
+
+
+def add_shard(pack: Path, header: bytes, payload: int) -> None:
+    with open(pack / "model-extra.safetensors", "wb") as fh:
+        fh.write(shard_bytes(header, 0))
+        fh.truncate(8 + len(header) + payload)
+
+
+# ------------------------------------------------------------------ bounded memory and time
+
+
+def test_a_header_of_empty_lists_in_an_ignored_field_is_valid_and_cheap(mixedk):
+    """20 MB of [] in a field the library ignores: json.loads would build 7 million lists (~450 MB)."""
+    pack = mixedk()
+    add_shard(pack, filled(b'{"t":{"dtype":"F32","shape":[1],"data_offsets":[0,4],"x":[', b"[],", b"]}}", 20 << 20), 4)
+    child = in_a_child(pack)
+    assert child["rows"]["pack.shards"][0] == PASS, child["rows"]["pack.shards"]
+    assert child["rss_mb"] < 80
+
+
+def test_a_header_of_empty_lists_as_a_shape_fails_at_once(mixedk):
+    pack = mixedk()
+    add_shard(pack, filled(b'{"t":{"dtype":"F32","data_offsets":[0,4],"shape":[', b"[],", b"]}}", 20 << 20), 4)
+    child = in_a_child(pack)
+    status, detail = child["rows"]["pack.shards"]
+    assert status == FAIL and "model-extra.safetensors: tensor 't' shape[0] is a JSON list" in detail
+    assert child["rss_mb"] < 80
+
+
+def test_a_long_shape_is_judged_at_once(mixedk):
+    """300,000 dimensions of 2: the size product was computed in full, a 300,000-bit integer, quadratically."""
+    pack = mixedk()
+    add_shard(pack, filled(b'{"t":{"dtype":"F32","data_offsets":[0,4],"shape":[', b"2,", b"]}}", 600_000), 4)
+    status, detail = in_a_child(pack, timeout=20)["rows"]["pack.shards"]
+    assert status == FAIL and "tensor 't' has a shape whose size overflows 64 bits" in detail
+
+
+def test_a_big_config_is_refused_by_its_size_in_little_memory(mixedk):
+    pack = mixedk()
+    config = json.dumps(mixedk_config(SMALL))[:-1].encode() + b', "x": ['
+    (pack / "config.json").write_bytes(filled(config, b"[],", b"]}", 60_000_000))
+    child = in_a_child(pack)
+    status, detail = child["rows"]["pack.config"]
+    assert status == FAIL and "is 59,999,999 bytes, more than the 2,097,152 doctor reads" in detail
+    assert child["rows"]["quant.method"][0] == SKIP and child["rows"]["pack.shards"][0] == PASS
+    assert child["rss_mb"] < 60
+
+
+def test_a_config_within_the_size_but_of_a_million_values_is_refused(mixedk):
+    pack = mixedk()
+    config = json.dumps(mixedk_config(SMALL))[:-1].encode() + b', "x": ['
+    (pack / "config.json").write_bytes(filled(config, b"{},", b"]}", 2_000_000))
+    row = run_pack_checks(pack)["pack.config"]
+    assert row.status == FAIL and "holds more JSON values than doctor reads" in row.detail
+
+
+def test_a_config_nested_700_deep_is_a_fail_row_and_fix_config_refuses_it(mixedk):
+    pack = mixedk(edit_config=lambda config: config.update(quantization_config={"quant_method": "fp8"}))
+    config = json.dumps(json.loads((pack / "config.json").read_text()))
+    (pack / "config.json").write_text(config[:-1] + ', "x": ' + "[" * 700 + "]" * 700 + "}")
+    rows = run_pack_checks(pack)
+    assert rows["pack.config"].status == FAIL and "more than 64 deep" in rows["pack.config"].detail
+    result = fix_config(pack)
+    assert result.refused and "more than 64 deep" in result.refused and not result.changed
+
+
+def test_a_failed_scan_is_kept_not_redone(mixedk, monkeypatch):
+    calls = []
+
+    def broken(pack):
+        calls.append(pack)
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(pack_module, "scan_pack", broken)
+    rows = run_checks(DoctorContext(pack=mixedk()), PACK_CHECKS)
+    assert len(calls) == 1
+    assert sum(row.detail.startswith("internal error") for row in rows) > 10
+
+
+def test_fix_config_and_the_rows_after_it_read_each_header_once(mixedk, monkeypatch):
+    pack = mixedk(edit_config=lambda config: config["quantization_config"].update(quant_method="fp8"))
+    opened = []
+    real_enter = Shard.__enter__
+    monkeypatch.setattr(Shard, "__enter__", lambda self: opened.append(self.path.name) or real_enter(self))
+    ctx = DoctorContext(pack=pack)
+    assert fix_config(pack, ctx).changed
+    rows = run_checks(ctx, PACK_CHECKS)
+    assert {row.id: row.status for row in rows if row.status == FAIL} == {}
+    assert sorted(opened) == sorted(p.name for p in pack.glob("*.safetensors"))
+
+
+def test_the_scan_stops_summarising_past_its_limit(tmp_path, monkeypatch):
+    monkeypatch.setattr(pack_module, "MAX_SUMMARY", 100)
+    pack = build_mixedk_pack(tmp_path / "pack")
+    rows = run_pack_checks(pack)
+    assert rows["pack.shards"].status == FAIL
+    assert "not read: the shards before it name more experts, layers and modules than doctor summarises (100)" in (
+        rows["pack.shards"].detail
+    )
+
+
+def test_a_shard_set_claiming_a_billion_shards_is_counted_not_listed(mixedk):
+    pack = mixedk()
+    write_shard(pack / "model-00001-of-999999999.safetensors", {})
+    row = run_pack_checks(pack)["pack.shards"]
+    assert (
+        row.status == FAIL and "model-000000002-of-999999999.safetensors (and 999999998 more) is missing" in row.detail
+    )
+
+
+# ------------------------------------------------------------------ type-wrong input: rows, never internal errors
+
+ODD = [
+    None,
+    True,
+    False,
+    0,
+    -1,
+    7,
+    2**70,
+    2**200,
+    1.5,
+    1e308,
+    "",
+    "x",
+    "43",
+    "²",
+    "٣",
+    [],
+    [1],
+    [None],
+    {},
+    {"a": 1},
+    {"bits": "x"},
+    [[[]]],
+    {"0": None},
+    {"quant_method": []},
+    {"layers": []},
+    {"modules": "x"},
+    {"model.layers.0.attn.wq_b": 5},
+    "x" * 5000,
+    {"layers": {"model.layers.0.attn.wq_b": {"bits": [1]}}},
+]
+FLAGS = [
+    "--tensor-parallel-size",
+    "-tp",
+    "--max-model-len",
+    "--kv-cache-dtype",
+    "--quantization",
+    "--speculative-config",
+    "--compilation-config",
+    "--gpu-memory-utilization",
+    "--max-num-batched-tokens",
+]
+FLAG_VALUES = [
+    "",
+    "0",
+    "-1",
+    "²",
+    "1" * 50,
+    "9" * 5000,
+    "1e400",
+    "nan",
+    "inf",
+    "256k",
+    "9" * 40 + "k",
+    "9" * 40 + "K",
+    '{"method":"dspark","num_speculative_tokens":' + "9" * 500 + "}",
+    '{"method":[]}',
+    "[" * 3000,
+    '{"cudagraph_mode": []}',
+    '{"method":"dspark","num_speculative_tokens":true}',
+    "fp8" * 50_000,
+]
+
+
+def _places(value, path=()):
+    yield path
+    if isinstance(value, dict):
+        for key, child in value.items():
+            yield from _places(child, path + (key,))
+    elif isinstance(value, list):
+        for i, child in enumerate(value[:3]):
+            yield from _places(child, path + (i,))
+
+
+def _set(value, path, new):
+    if not path:
+        return new
+    value = copy.copy(value)
+    value[path[0]] = _set(value[path[0]], path[1:], new)
+    return value
+
+
+class Hang(Exception):
+    pass
+
+
+def _hang(*_):
+    raise Hang("a check ran for more than 10 s")
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_type_wrong_configs_and_flags_give_rows_not_internal_errors(seed, tmp_path, lna):
+    """Every check and --fix-config on configs with one to three values replaced by ones of other types,
+    and on odd --serve-args values: no internal error, no exception, no check past 10 s, no long row."""
+    _register_checks()
+    rng = random.Random(seed)
+    packs = {"mixedk": build_mixedk_pack(tmp_path / "mixedk"), "lna": lna()}
+    configs = {"mixedk": mixedk_config(SMALL), "lna": lna_dense_config(SMALL_TP8)}
+    runtime = fake_vllm(tmp_path / "site")
+    previous = signal.signal(signal.SIGALRM, _hang)
+    try:
+        for _ in range(40):
+            which = rng.choice(sorted(packs))
+            pack, config, edits = packs[which], configs[which], []
+            for _ in range(rng.randint(1, 3)):
+                path, value = rng.choice(list(_places(config))), rng.choice(ODD)
+                config = _set(config, path, value)
+                edits.append((path, str(value)[:40]))
+            args = [DSPARK.split(" ", 1)[0], DSPARK.split(" ", 1)[1].strip("'")] if rng.random() < 0.5 else []
+            for _ in range(rng.randint(0, 3)):
+                args += [rng.choice(FLAGS), rng.choice(FLAG_VALUES)]
+            (pack / "config.json").write_text(json.dumps(config))
+            (pack / "config.json.bak").unlink(missing_ok=True)
+            ctx = DoctorContext(
+                pack=pack, runtime=runtime, environ={"PATH": ""}, serve_args=tuple(args), proc_root=tmp_path / "no-proc"
+            )
+            signal.alarm(10)
+            rows = run_checks(ctx, CHECKS)
+            fixed = fix_config(pack)
+            signal.alarm(0)
+            crashed = [row for row in rows if row.detail.startswith("internal error")]
+            assert not crashed, (edits, [a[:60] for a in args], crashed)
+            assert all(len(row.detail) <= ROW_LIMIT + 40 for row in rows)
+            assert fixed.refused is None or "internal" not in fixed.refused
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+# ------------------------------------------------------------------ short output
+
+
+def test_an_echoed_serve_argument_is_cut_with_its_length():
+    from patch_dsv4.doctor.environ import recipe_flags
+
+    ctx = DoctorContext.from_serve_args("--kv-cache-dtype " + "x" * 120_000 + " --quantization exl3")
+    row = recipe_flags(ctx)
+    assert len(row.detail) < 400 and "... (120,000 characters)" in row.detail
+
+
+def test_an_echoed_config_value_is_cut_with_its_length(mixedk):
+    pack = mixedk(edit_config=lambda config: config["quantization_config"].update(quant_method="q" * 120_000))
+    row = run_pack_checks(pack)["quant.method"]
+    assert row.status == FAIL and len(row.detail) < 600 and "... (120,002 characters)" in row.detail
+
+
+def test_no_row_is_longer_than_the_row_limit():
+    row = Row("x", FAIL, "d" * 50_000, "f" * 50_000)
+    assert len(row.detail) <= ROW_LIMIT + 40 and len(row.fix) <= ROW_LIMIT + 40
+    assert row.detail.endswith("... (50,000 characters)")
+
+
+def test_unreadable_serve_args_are_a_short_one_line_error(make_tree, tmp_path):
+    tree = make_tree("0.30.0")
+    result = run_cli("doctor", "--site-packages", tree, "--serve-args", "--kv-cache-dtype '" + "x" * 120_000)
+    assert result.code == 2 and "--serve-args" in result.stderr
+    assert len(result.stderr) < 600 and "... (120,0" in result.stderr
+
+
+def test_the_command_on_a_deep_config_with_fix_config_is_exit_1(make_tree, mixedk):
+    pack = mixedk()
+    config = json.dumps(json.loads((pack / "config.json").read_text()))
+    (pack / "config.json").write_text(config[:-1] + ', "x": ' + "[" * 700 + "]" * 700 + "}")
+    result = run_cli("doctor", "--site-packages", make_tree("0.30.0"), "--pack", pack, "--fix-config", "--json")
+    assert result.code == 1, result.stderr[-2000:]
+    report = result.json()
+    assert "more than 64 deep" in report["config_fix"]["refused"]
+    assert not [row for row in report["checks"] if row["detail"].startswith("internal error")]
+
+
+def test_an_index_of_a_million_empty_lists_is_a_fail_row(lna):
+    pack = lna()
+    (pack / "model.safetensors.index.json").write_bytes(filled(b'{"weight_map": {}, "x": [', b"[],", b"]}", 10 << 20))
+    row = run_pack_checks(pack, "--tensor-parallel-size 8")["pack.index"]
+    assert row.status == FAIL and "holds more JSON values than doctor reads" in row.detail
