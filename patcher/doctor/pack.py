@@ -94,8 +94,8 @@ INDEX_MEMORY = 128 << 20  # what json.loads may allocate for it (see json_cost)
 
 
 def _index(text: str) -> int | None:
-    """A layer or expert number in a tensor name (ASCII digits, at most 9), else None."""
-    return int(text) if text.isdigit() and text.isascii() and len(text) <= 9 else None
+    """A layer or expert number in a tensor name (decimal digits, at most 9: int() takes them), else None."""
+    return int(text) if text.isdecimal() and len(text) < 10 else None
 
 
 # --------------------------------------------------------------------------- the scan
@@ -154,9 +154,13 @@ class PackScan:
         for name, entry in shard.tensors.items():
             parts = name.split(".")
             if len(parts) == 7 and parts[3] == "experts" and parts[2] == "ffn":
-                head = parts[0]
-                if (head == "layers" or head == "mtp") and None not in (_index(parts[1]), _index(parts[4])):
-                    layer = int(parts[1])
+                head, first, expert = parts[0], parts[1], parts[4]
+                # isdecimal, not isdigit: int() refuses "²"; 9 digits at most: int() refuses 4,300
+                if (
+                    (head == "layers" or head == "mtp") and first.isdecimal() and expert.isdecimal()
+                    and len(first) < 10 and len(expert) < 10
+                ):
+                    layer = int(first)
                     if head == "mtp":
                         self.mtp_blocks.add(layer)
                     part = parts[6]
@@ -164,7 +168,7 @@ class PackScan:
                     if info is None:
                         continue
                     mask, layout_part, is_marker = info
-                    key = (head, layer, int(parts[4]))
+                    key = (head, layer, int(expert))
                     experts[key] = experts.get(key, 0) | mask
                     shape = entry["shape"]
                     layout = (head, parts[5], layout_part, entry["dtype"], tuple(shape))
