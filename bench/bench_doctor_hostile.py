@@ -117,6 +117,17 @@ def long_name(pack: Path) -> None:
     _shard(pack / "model.safetensors", header, 4)
 
 
+def experts_in_one_shard(pack: Path) -> None:
+    """A shard the library accepts naming 150,000 different experts, one tensor each: just within doctor's
+    budget for one shard, and each of its entries one more in the pack's summary."""
+    parts, offset = [b"{"], 0
+    for i in range(150_000):
+        name = b"layers.%d.ffn.experts.%d.w1.suh" % (i // 1000, i % 1000)
+        parts.append(b'"%s":{"dtype":"F16","shape":[1],"data_offsets":[%d,%d]},' % (name, offset, offset + 2))
+        offset += 2
+    _shard(pack / "model.safetensors", b"".join(parts).rstrip(b",") + b"}", offset)
+
+
 def many_experts(pack: Path) -> None:
     """12 shards the library accepts, each naming 60,000 different experts (the real pack names 11,800)."""
     for shard in range(12):
@@ -126,6 +137,17 @@ def many_experts(pack: Path) -> None:
             parts.append(b'"%s":{"dtype":"F16","shape":[1],"data_offsets":[%d,%d]},' % (name, offset, offset + 2))
             offset += 2
         _shard(pack / f"model-{shard + 1:05d}-of-00012.safetensors", b"".join(parts).rstrip(b",") + b"}", offset)
+
+
+def single_file(pack: Path) -> None:
+    """Not hostile, the largest real header: all 137,730 tensors of the full-size pack in one 101 GB shard."""
+    from tests.doctor.synthetic import FULL, mixedk_config, mixedk_shards, write_shard
+
+    merged = {}
+    for tensors in mixedk_shards(FULL).values():
+        merged.update(tensors)
+    (pack / "config.json").write_text(json.dumps(mixedk_config(FULL), indent=2))
+    write_shard(pack / "model.safetensors", merged)
 
 
 def objects_config(pack: Path) -> None:
@@ -150,6 +172,7 @@ def deep_config(pack: Path) -> None:
 
 
 CASES = {
+    "15 MB header: the full pack in one shard": (single_file, ()),
     "99 MB header: empty lists in an ignored field": (empty_arrays_in_a_field, ()),
     "99 MB header: empty lists as a shape": (empty_arrays_as_a_shape, ()),
     "99 MB header: empty lists as a tensor": (empty_arrays_as_a_tensor, ()),
@@ -161,6 +184,7 @@ CASES = {
     "99 MB header: 8 million different [[[n]]]": (nested_fillers, ()),
     "99 MB header: a tensor name of 99 MB": (long_name, ()),
     "12 shards of 60,000 different experts": (many_experts, ()),
+    "one shard of 150,000 different experts": (experts_in_one_shard, ()),
     "60 MB config.json": (big_config, ()),
     "2 MB config.json of 600,000 {}": (objects_config, ()),
     "config.json nested 700 deep, --fix-config": (deep_config, ("--fix-config",)),
@@ -255,6 +279,7 @@ def main() -> None:
     parser.add_argument("--build", nargs=2, metavar=("CASE", "PACK"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.build:
+        sys.path.insert(0, str(ROOT))
         name, pack = args.build[0], Path(args.build[1])
         if "config" not in name:
             for shard in pack.glob("*.safetensors"):

@@ -85,7 +85,7 @@ U64_MAX = (1 << 64) - 1
 MAX_DEPTH = 127  # serde_json's recursion limit, which the library keeps: deeper containers are refused
 
 # doctor's own limits, far above a real pack (48 headers of ~0.3 MB, 138k tensors, ~3k per shard).
-ENTRY_MEMORY = 64 << 20  # estimated bytes of tensor entries kept for one shard (a real shard: ~2 MB)
+ENTRY_MEMORY = 112 << 20  # estimated bytes of tensor entries kept for one shard (a real one: 2 MB; 138k tensors: 97)
 MAX_PACK_TENSORS = 1_000_000  # tensors read in one pack
 MAX_PACK_STEPS = 1_000_000  # JSON values of ignored fields read one by one (~1 us each), in one pack
 MAX_NAME_BYTES = 4096  # one tensor name
@@ -240,7 +240,6 @@ def _canonical_tensors(raw: bytes) -> tuple[dict, list] | str | None:
 
 _WS = re.compile(rb"[ \t\n\r]*")
 _NUMBER = re.compile(rb"(-?)(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?")
-_UINT = re.compile(rb"(?:0|[1-9][0-9]{0,19})\Z")
 _UTF8 = (
     rb"[\xc2-\xdf][\x80-\xbf]|\xe0[\xa0-\xbf][\x80-\xbf]|[\xe1-\xec\xee\xef][\x80-\xbf]{2}|\xed[\x80-\x9f][\x80-\xbf]"
     rb"|\xf0[\x90-\xbf][\x80-\xbf]{2}|[\xf1-\xf3][\x80-\xbf]{3}|\xf4[\x80-\x8f][\x80-\xbf]{2}"
@@ -255,45 +254,16 @@ _STRING = rb'"(?:[\x20\x21\x23-\x5b\x5d-\x7f]|' + _UTF8 + rb"|" + _ESCAPE + rb')
 LONGEST_CHAR = 12  # a surrogate pair escape: the longest unit of a string's body
 # A canonical member, ``"name": {"dtype": "X", "shape": [...], "data_offsets": [a, b]}``, as the library writes it.
 _W = rb"[ \t\n\r]*"
+_UINT_TOKEN = rb"(?:0|[1-9][0-9]{0,19})(?![0-9.eE])"  # a u64 as serde reads one (a 20-digit one may be past it)
 _CANONICAL = re.compile(
-    _W
-    + rb'"([\x20\x21\x23-\x5b\x5d-\x7f]{0,4096})"'
-    + _W
-    + rb":"
-    + _W
-    + rb"\{"
-    + _W
-    + rb'"dtype"'
-    + _W
-    + rb":"
-    + _W
-    + rb'"([A-Z0-9_]{1,16})"'
-    + _W
-    + rb","
-    + _W
-    + rb'"shape"'
-    + _W
-    + rb":"
-    + _W
-    + rb"\[([0-9 \t\n\r,]*)\]"
-    + _W
-    + rb","
-    + _W
-    + rb'"data_offsets"'
-    + _W
-    + rb":"
-    + _W
-    + rb"\["
-    + _W
-    + rb"([0-9]{1,20})"
-    + _W
-    + rb","
-    + _W
-    + rb"([0-9]{1,20})"
-    + _W
-    + rb"\]"
-    + _W
-    + rb"\}"
+    rb'%s"([\x20\x21\x23-\x5b\x5d-\x7f]{0,4096})"%s:%s\{%s"dtype"%s:%s"([A-Z0-9_]{1,16})"%s,%s"shape"%s:%s'
+    rb"\[%s((?:%s%s(?:,%s%s%s)*)?)\]%s,%s"
+    rb'"data_offsets"%s:%s\[%s(%s)%s,%s(%s)%s\]%s\}'
+    % (
+        (_W,) * 10
+        + (_W, _UINT_TOKEN, _W, _W, _UINT_TOKEN, _W, _W, _W)
+        + (_W, _W, _W, _UINT_TOKEN, _W, _W, _UINT_TOKEN, _W, _W)
+    )
 )
 CANONICAL_WINDOW = 8192  # a canonical member is matched only when this much of the header is in memory
 
@@ -620,14 +590,12 @@ class _Reader:
         return False
 
     def _canonical(self, name: bytes, dtype: bytes, shape: bytes, start: bytes, end: bytes) -> dict | None:
-        """The entry of a canonical member whose numbers are all well formed, else None (then read token by token)."""
-        dims = shape.split(b",") if shape.strip(b" \t\n\r") else []
-        if not all(_UINT.match(d.strip(b" \t\n\r")) for d in dims + [start, end]) or name == b"__metadata__":
-            return None
-        dims = [int(d) for d in dims]
+        """The entry of a canonical member (its numbers well formed by the pattern), None where one is past 64
+        bits or the dtype unknown (then it is read token by token, for the message)."""
+        dims = [int(d) for d in shape.split(b",")] if shape else []
         start, end = int(start), int(end)
         dtype = dtype.decode("ascii")
-        if dtype not in DTYPE_BITS or any(d > U64_MAX for d in dims) or end > U64_MAX:
+        if dtype not in DTYPE_BITS or end > U64_MAX or (dims and max(dims) > U64_MAX) or name == b"__metadata__":
             return None
         return self._checked(name.decode("ascii"), dtype, dims, start, end)
 

@@ -347,3 +347,12 @@ def test_an_index_of_a_million_empty_lists_is_a_fail_row(lna):
     (pack / "model.safetensors.index.json").write_bytes(filled(b'{"weight_map": {}, "x": [', b"[],", b"]}", 10 << 20))
     row = run_pack_checks(pack, "--tensor-parallel-size 8")["pack.index"]
     assert row.status == FAIL and "holds more JSON values than doctor reads" in row.detail
+
+
+def test_a_shard_of_more_entries_than_doctor_keeps_is_a_fail_row_naming_the_limit(mixedk, monkeypatch):
+    from patch_dsv4.doctor import safetensors as reader
+
+    monkeypatch.setattr(reader, "ENTRY_MEMORY", 20_000)
+    monkeypatch.setattr(reader, "FAST_HEADER_LEN", -1)
+    row = run_pack_checks(mixedk())["pack.shards"]
+    assert row.status == FAIL and "describes more than doctor keeps of one shard" in row.detail
