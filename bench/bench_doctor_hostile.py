@@ -3,8 +3,9 @@
     python bench/bench_doctor_hostile.py [--only NAME ...] [--timeout 120] [--code CHECKOUT]
 
 Each case is a small pack (the synthetic MixedK pack of tests/doctor, its
-shards replaced by the case's for a header case) with one hostile file, built in a temporary directory (sparse payloads: a few hundred MB
-of disk at most, freed at the end). ``doctor`` runs on it as a user would, the
+shards replaced by the case's for a header case) with one hostile file, built
+in a temporary directory (sparse payloads: a few hundred MB of disk at most,
+freed at the end). ``doctor`` runs on it as a user would, the
 whole command on a real vLLM release tree, in a fresh process per case; the
 figures are that child's peak RSS (its ``VmHWM`` as it exits: ``ru_maxrss``
 would count the parent's memory too, since the child is forked from it) and
