@@ -33,14 +33,14 @@ class Format(str, enum.Enum):
 
 
 SitePackages = typer.Option(
-    None, "--site-packages", help="A directory holding vllm/ and its dist-info (e.g. a pip --target dir)."
+    None, "--site-packages", metavar="DIR", help="A directory holding vllm/ and its dist-info (e.g. a pip --target dir)."
 )
-Python = typer.Option(None, "--python", help="Act on the environment of this Python interpreter.")
-FormatOption = typer.Option(Format.table, "--format", help="How to write the report.")
+Python = typer.Option(None, "--python", metavar="EXE", help="Act on the environment of this Python interpreter.")
+FormatOption = typer.Option(Format.table, "--format", metavar="FORMAT", help="How to write the report: table, json or markdown.")
 JsonFlag = typer.Option(False, "--json", help="Short for --format json: one JSON document on stdout.")
 Verbose = typer.Option(False, "-v", "--verbose", help="Show the evidence of every verdict.")
 Quiet = typer.Option(False, "-q", "--quiet", help="Print only the closing line (and errors).")
-LockTimeout = typer.Option(300.0, "--lock-timeout", help="Seconds to wait for the environment's lock.")
+LockTimeout = typer.Option(300.0, "--lock-timeout", metavar="SECONDS", help="Seconds to wait for the environment's lock.")
 
 
 def _format(fmt: Format, as_json: bool) -> str:
@@ -112,20 +112,22 @@ def status(
     as_json: bool = JsonFlag,
     verbose: bool = Verbose,
     quiet: bool = Quiet,
+    lock_timeout: float = LockTimeout,
 ) -> None:
-    """A verdict per patch for this environment."""
+    """A verdict per patch for this environment (an apply or revert under way is waited for)."""
     from patch_dsv4 import commands
 
-    _finish(commands.status(_environment(site_packages, python)), _format(fmt, as_json), _verbosity(verbose, quiet))
+    report = commands.status(_environment(site_packages, python), lock_timeout=lock_timeout, on_wait=_lock_wait)
+    _finish(report, _format(fmt, as_json), _verbosity(verbose, quiet))
 
 
 @app.command()
 def apply(
     site_packages: Optional[Path] = SitePackages,
     python: Optional[str] = Python,
-    only: Optional[List[str]] = typer.Option(None, "--only", help="Apply only this patch id (repeatable)."),
+    only: Optional[List[str]] = typer.Option(None, "--only", metavar="ID", help="Apply only this patch id (repeatable)."),
     with_: Optional[List[str]] = typer.Option(
-        None, "--with", help="Also apply this opt-in patch, and keep it from now on (repeatable)."
+        None, "--with", metavar="ID", help="Also apply this opt-in patch, and keep it from now on (repeatable)."
     ),
     dry_run: bool = typer.Option(
         False, "--dry-run", help="Run every check; print the unified diff on stdout (all else on stderr); write nothing."
@@ -152,7 +154,7 @@ def takeover(
     site_packages: Optional[Path] = SitePackages,
     python: Optional[str] = Python,
     with_: Optional[List[str]] = typer.Option(
-        None, "--with", help="Also apply this opt-in patch, and keep it from now on (repeatable)."
+        None, "--with", metavar="ID", help="Also apply this opt-in patch, and keep it from now on (repeatable)."
     ),
     dry_run: bool = typer.Option(
         False, "--dry-run", help="Show the whole plan: the unified diff on stdout, the rest on stderr; write nothing."
@@ -186,11 +188,13 @@ def verify(
     as_json: bool = JsonFlag,
     verbose: bool = Verbose,
     quiet: bool = Quiet,
+    lock_timeout: float = LockTimeout,
 ) -> None:
     """CI gate: exit 0 only if every patch this environment needs is applied and intact."""
     from patch_dsv4 import commands
 
-    _finish(commands.verify(_environment(site_packages, python)), _format(fmt, as_json), _verbosity(verbose, quiet))
+    report = commands.verify(_environment(site_packages, python), lock_timeout=lock_timeout, on_wait=_lock_wait)
+    _finish(report, _format(fmt, as_json), _verbosity(verbose, quiet))
 
 
 @app.command()
@@ -220,9 +224,9 @@ def revert(
 def doctor(
     site_packages: Optional[Path] = SitePackages,
     python: Optional[str] = Python,
-    pack: Optional[Path] = typer.Option(None, "--pack", help="The pack directory (config.json and the shards)."),
+    pack: Optional[Path] = typer.Option(None, "--pack", metavar="DIR", help="The pack directory (config.json and the shards)."),
     serve_args: Optional[str] = typer.Option(
-        None, "--serve-args", help='The intended vllm serve arguments, e.g. "--tensor-parallel-size 8 --max-model-len 65536".'
+        None, "--serve-args", metavar="ARGS", help='The intended vllm serve arguments, e.g. "--tensor-parallel-size 8 --max-model-len 65536".'
     ),
     fix_config: bool = typer.Option(
         False, "--fix-config", help="Write the config.json edits the failing rows ask for (the original is kept)."
@@ -241,8 +245,8 @@ def doctor(
 
 
 # -- drift and anchors: judge a release without installing it ----------------------------
-CacheDir = typer.Option(None, "--cache-dir", help="Where fetched wheels are kept (default ~/.cache/patch-dsv4/wheels).")
-PipOption = typer.Option(None, "--pip-option", help="Pass this option to pip download (repeatable), e.g. --pip-option=--pre.")
+CacheDir = typer.Option(None, "--cache-dir", metavar="DIR", help="Where fetched wheels are kept (default ~/.cache/patch-dsv4/wheels).")
+PipOption = typer.Option(None, "--pip-option", metavar="OPTION", help="Pass this option to pip download (repeatable), e.g. --pip-option=--pre.")
 
 
 def _release_target(vllm_version, wheel, source, flashinfer_version, cache_dir, pip_options):
@@ -265,12 +269,12 @@ def _release_target(vllm_version, wheel, source, flashinfer_version, cache_dir, 
 @app.command()
 def drift(
     vllm_version: Optional[str] = typer.Option(
-        None, "--vllm-version", help="Fetch this release's wheel with pip (with --source: that tree's version)."
+        None, "--vllm-version", metavar="VERSION", help="Fetch this release's wheel with pip (with --source: that tree's version)."
     ),
-    wheel: Optional[Path] = typer.Option(None, "--wheel", help="Judge this vLLM wheel file."),
-    source: Optional[Path] = typer.Option(None, "--source", help="Judge this source tree (the directory holding vllm/)."),
+    wheel: Optional[Path] = typer.Option(None, "--wheel", metavar="FILE", help="Judge this vLLM wheel file."),
+    source: Optional[Path] = typer.Option(None, "--source", metavar="DIR", help="Judge this source tree (the directory holding vllm/)."),
     flashinfer_version: Optional[str] = typer.Option(
-        None, "--flashinfer-version", help="Judge with this FlashInfer release instead of the one vLLM pins."
+        None, "--flashinfer-version", metavar="VERSION", help="Judge with this FlashInfer release instead of the one vLLM pins."
     ),
     strict: bool = typer.Option(False, "--strict", help="Also exit 1 on a new (unrecorded) fingerprint."),
     cache_dir: Optional[Path] = CacheDir,
@@ -294,11 +298,11 @@ app.add_typer(anchors_app, name="anchors")
 
 @anchors_app.command("record")
 def anchors_record(
-    vllm_versions: Optional[List[str]] = typer.Option(None, "--vllm-version", help="Record this release (repeatable)."),
+    vllm_versions: Optional[List[str]] = typer.Option(None, "--vllm-version", metavar="VERSION", help="Record this release (repeatable)."),
     record_all: bool = typer.Option(False, "--all", help="Re-record every release anchors/ already holds."),
     cache_dir: Optional[Path] = CacheDir,
     pip_options: Optional[List[str]] = PipOption,
-    out: Optional[Path] = typer.Option(None, "--out", help="Write here instead of the anchors/ package directory."),
+    out: Optional[Path] = typer.Option(None, "--out", metavar="DIR", help="Write here instead of the anchors/ package directory."),
     check: bool = typer.Option(False, "--check", help="Write nothing; exit 1 if a record differs from a fresh one."),
 ) -> None:
     """Maintainers: record each release's verdicts, fingerprints and file hashes from its real wheel."""

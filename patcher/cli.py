@@ -28,6 +28,14 @@ def _wants_json(args: list[str]) -> bool:
     )
 
 
+#: The longest error line written to a pipe or a file (a log line people read, and a grep hit).
+MAX_LINE = 200
+
+
+def _cut(line: str) -> str:
+    return line if len(line) <= MAX_LINE else line[: MAX_LINE - 25] + f"... ({len(line)} characters)"
+
+
 def print_error(what: str, why: str = "", next_step: str = "", stream=None) -> None:
     """An expected error: one line when piped, what / why / next on lines of their own on a terminal."""
     stream = stream or sys.stderr
@@ -39,7 +47,13 @@ def print_error(what: str, why: str = "", next_step: str = "", stream=None) -> N
             stream.write(f"  next: {next_step}\n")
     else:
         text = f"patch-dsv4: error: {what}" + (f": {why}" if why else "") + (f" (next: {next_step})" if next_step else "")
-        stream.write(text + "\n")
+        if len(text) <= MAX_LINE:
+            stream.write(text + "\n")
+            return
+        # too long for one line: what, why and next on lines of their own, each cut to fit
+        for label, part in (("error", what), ("why", why), ("next", next_step)):
+            if part:
+                stream.write(_cut(f"patch-dsv4: {label}: {part}") + "\n")
 
 
 def _fail(command: str | None, what: str, why: str, next_step: str, code: int, as_json: bool) -> int:

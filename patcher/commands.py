@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from patch_dsv4 import __version__, quick
 from patch_dsv4.environment import Environment, record_digest
 from patch_dsv4.errors import EXIT_NEEDS_ACTION, EXIT_OK, EnvironmentProblem, Refused
-from patch_dsv4.fs import checkpoint, sha256_bytes
+from patch_dsv4.fs import UnsafePath, checkpoint, sha256_bytes
 from patch_dsv4.judge import Judgement, as_opt_in, edit_reports, judge, patch_report, plan_files
 from patch_dsv4.patch import Context, Patch
 from patch_dsv4.quick import patch_digest
@@ -210,10 +210,19 @@ def _opt_in_kept(view: StateView) -> set[str]:
 
 
 # -- status and verify ----------------------------------------------------------------
-def status(env: Environment, command: str = "status") -> Report:
-    """A verdict per patch for this environment, decided by reading its code; writes nothing."""
+def status(env: Environment, command: str = "status", lock_timeout: float = 300.0, on_wait=None) -> Report:
+    """A verdict per patch for this environment, decided by reading its code; writes nothing.
+
+    A write under way (another process holds the lock) is waited for, up to ``lock_timeout``: a tree half
+    written is never judged.
+    """
     patches = discover_patches()
     store = state_store(env, patches)
+    with store.wait_unlocked(lock_timeout, on_wait):
+        return _status(env, store, patches, command)
+
+
+def _status(env: Environment, store: StateStore, patches: list[Patch], command: str) -> Report:
     view = read_state(env, store)
     judgement = judge(context_for(env, view), patches, plan=False)
     reports = as_opt_in(_patch_reports(env, judgement, patches, view, store), patches, _opt_in_kept(view))
@@ -239,7 +248,7 @@ def build_identity(env: Environment, view: StateView) -> dict:
     return {"known": match.known, "detail": match.detail}
 
 
-def verify(env: Environment) -> Report:
+def verify(env: Environment, lock_timeout: float = 300.0, on_wait=None) -> Report:
     """The CI gate: exit 1 when a patch this environment needs is pending, drifted or modified.
 
     The verdicts recorded at the last write are reported when the hashes vouch
@@ -252,7 +261,7 @@ def verify(env: Environment) -> Report:
         recorded = quick.recorded_verdicts(site)
         if recorded is not None:
             return quick.recorded_report(site, recorded, env.target.args())
-    report = status(env, command="verify")
+    report = status(env, command="verify", lock_timeout=lock_timeout, on_wait=on_wait)
     bad = [r for r in report.patches if r.verdict.needs_action]
     return replace(
         report,
@@ -424,7 +433,7 @@ def _apply_locked(env, store, patches, only, with_, force, dry_run, notes, takeo
         entry.after = sha256_bytes(data)
         entry.patches = sorted(set(entry.patches) | set(owners.get(relpath, ())))
     final_reports = _record_judgement(env, view, manifest, patches, planned)
-    saved = [str(store.save_local_edit(r.relpath, current[r.relpath] or b"")) for r in restores]
+    saved = _save_local_edits(env, store, [r.relpath for r in restores])
     write_apply(env, store, previous, manifest, planned, originals=restored)
     final = read_state(env, store)
     taken = f"took over {len(restores)} file(s), " if takeover else ""
@@ -433,6 +442,23 @@ def _apply_locked(env, store, patches, only, with_, force, dry_run, notes, takeo
                 changed=planned, notes=notes, store=store),
         build=build_identity(env, final), saved_edits=tuple(saved),
     )
+
+
+def _save_local_edits(env: Environment, store: StateStore, relpaths: list[str]) -> list[str]:
+    """Save each file (as it is now) in a fresh run directory under saved-edits/; where each was saved.
+
+    Each is read only where it resolves inside the package, and saved with its own owner and mode.
+    """
+    if not relpaths:
+        return []
+    copies = []
+    for relpath in relpaths:
+        try:
+            copies.append((relpath, *env.tree.read_contained(relpath)))
+        except UnsafePath as exc:
+            raise Refused(f"refusing to save {relpath}", exc.why or exc.what, env.reinstall()) from None
+    run = store.new_saved_edits_run()
+    return [str(store.save_local_edit(run, relpath, data, owner)) for relpath, data, owner in copies]
 
 
 def _differs_from_record(env: Environment, relpath: str) -> bool:
@@ -607,8 +633,7 @@ def revert(env: Environment, lock_timeout: float = 300.0, discard_local_edits: b
                     env.reinstall(),
                 )
             restore[relpath] = backup
-        for relpath in sorted(view.modified):
-            saved.append(str(store.save_local_edit(relpath, env.read_bytes(relpath) or b"")))
+        saved = _save_local_edits(env, store, sorted(view.modified))
         write_revert(env, store, manifest, restore)
         reports = as_opt_in(_patch_reports(env, judge(context_for(env), patches, plan=False), patches, _NO_STATE), patches, set())
         report = _report(

@@ -48,7 +48,18 @@ class Installed:
         return f"{self.name} {self.version} in {self.root}"
 
     def record(self) -> dict[str, str]:
-        """RECORD as {relative path: urlsafe-base64 sha256}."""
+        """RECORD as {relative path: urlsafe-base64 sha256}.
+
+        A dist-info without a RECORD (or with one that is not a regular file) is an error: without it nothing
+        tells pip's files from edited ones, so nothing is judged or written.
+        """
+        problem = _not_regular(self.dist, "RECORD")
+        if problem:
+            raise EnvironmentProblem(
+                f"{self.name} {self.version}'s RECORD {problem}",
+                "nothing tells pip's files from edited ones, so nothing is judged or written",
+                f"reinstall {self.name}=={self.version}",
+            )
         try:
             files = self.dist.files or []
             return {str(f): f.hash.value for f in files if f.hash is not None and f.hash.mode == "sha256"}
@@ -58,6 +69,8 @@ class Installed:
             ) from None
 
     def requires(self) -> list[str]:
+        if _not_regular(self.dist, "METADATA"):
+            return []
         try:
             return list(self.dist.requires or [])
         except (OSError, UnicodeDecodeError, ValueError) as exc:
@@ -71,7 +84,32 @@ def _short(exc: BaseException) -> str:
     return text if len(text) <= 160 else text[:157] + "..."
 
 
+def _not_regular(dist: Distribution, name: str) -> str | None:
+    """Why a dist-info file cannot be read safely ("is missing", "is not a regular file"); None when it can.
+
+    importlib.metadata opens files as they are: a FIFO there would block every process that looks.
+    """
+    import os
+    import stat
+
+    base = getattr(dist, "_path", None)  # PathDistribution's dist-info directory
+    if base is None:
+        return None
+    try:
+        st = os.stat(Path(str(base)) / name)
+    except FileNotFoundError:
+        return "is missing"
+    except OSError as exc:
+        return f"cannot be read ({_short(exc)})"
+    return None if stat.S_ISREG(st.st_mode) else "is not a regular file"
+
+
 def _read_installed(dist: Distribution, wanted: str) -> Installed | None:
+    problem = _not_regular(dist, "METADATA")
+    if problem == "is missing":
+        return None
+    if problem:
+        raise EnvironmentProblem(f"cannot read a {wanted} METADATA", f"it {problem}", f"reinstall {wanted}")
     try:
         meta = dist.metadata
         name, version = meta["Name"], meta["Version"]

@@ -183,6 +183,18 @@ class Dir:
             _apply_owner(child.fd, owner, create_mode)
         return child
 
+    def make_dir(self, name: str, mode: int, owner: Owner | None = None) -> bool:
+        """Create the subdirectory ``name`` exclusively; False when something of that name exists already."""
+        checkpoint(f"mkdir:{name}")
+        try:
+            os.mkdir(name, mode, dir_fd=self.fd)
+        except FileExistsError:
+            return False
+        if owner is not None:
+            with self.child(name) as child:
+                _apply_owner(child.fd, owner, mode)
+        return True
+
     def walk_to(self, parts: tuple[str, ...], create_mode: int | None = None, owner: Owner | None = None) -> "Dir | None":
         """The real subdirectory at ``parts`` below this one, each part a real directory."""
         current: Dir | None = Dir(os.dup(self.fd), self.path)
@@ -439,6 +451,23 @@ class PackageTree:
             raise UnsafePath(
                 f"refusing {directory.path / name}", f"a link to {where}, outside the vLLM package at {self.real_root}"
             )
+
+    def read_contained(self, relpath: str) -> tuple[bytes, Owner]:
+        """A file of the package and its owner, group and mode, read only where it resolves inside the package.
+
+        The checks the write path makes (:meth:`parent_dir`, :meth:`check_file_link`) run before anything is
+        read: a file replaced by a link that leads out of the package is refused (UnsafePath), so that nothing
+        outside is ever copied into the state.
+        """
+        directory, name = self.parent_dir(relpath)
+        with directory:
+            self.check_file_link(directory, name)
+            fd = directory.open_regular(name, follow=True)
+            try:
+                st = os.fstat(fd)
+                return _read_fd(fd, MAX_SOURCE_BYTES), Owner(st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode))
+            finally:
+                os.close(fd)
 
     def _open_for_reading(self, relpath: str) -> int:
         """A descriptor of a regular file of the package, links followed (reading is harmless).

@@ -45,7 +45,8 @@ def check() -> None:
         _logger.warning("patch-dsv4: %s=%r is not one of warn, strict, off; warning only", ENV, mode)
         mode = "warn"
     try:
-        problems = judge_this_vllm()
+        writer = _writer()
+        problems = [] if writer else judge_this_vllm()
     except Exception as exc:  # a bug or a broken environment: never a reason to stop vLLM in warn mode
         if mode == "strict":
             raise PatchesNotInPlace(f"patch-dsv4 could not check this vLLM ({type(exc).__name__}: {exc})") from exc
@@ -53,10 +54,16 @@ def check() -> None:
             _reported = True
             _logger.warning("patch-dsv4: could not check this vLLM's patches (%s: %s)", type(exc).__name__, exc)
         return
-    if not problems:
+    if writer:
+        message = (
+            f"patch-dsv4: an apply or revert is writing this vLLM's files now ({writer}): its patches cannot be "
+            f"checked until it ends; start vLLM after it (or set {ENV}=off)"
+        )
+    elif not problems:
         _logger.debug("patch-dsv4: every patch this vLLM needs is in place")
         return
-    message = describe(problems)
+    else:
+        message = describe(problems)
     if mode == "strict":
         raise PatchesNotInPlace(message)
     if not _reported:
@@ -71,6 +78,14 @@ def describe(problems: list[tuple[str, str, list[str]]]) -> str:
         f"Run: patch-dsv4 apply --python {sys.executable} "
         f"(or set {ENV}=off to silence this, {ENV}=strict to refuse to start)"
     )
+
+
+def _writer() -> str | None:
+    """Who holds the lock of the environment this vLLM is in (a write under way), or None. Never waits."""
+    from patch_dsv4 import quick
+
+    site_dir = _vllm_site()
+    return quick.write_in_progress(site_dir) if site_dir else None
 
 
 def _vllm_site() -> str | None:
@@ -111,5 +126,5 @@ def _full_judgement(site_dir: str | None) -> list[tuple[str, str, list[str]]]:
     from patch_dsv4.environment import locate_vllm
 
     env = locate_vllm(site_packages=Path(site_dir)) if site_dir else locate_vllm()
-    report = commands.status(env)
+    report = commands.status(env, lock_timeout=0)  # never wait: a write that starts now is reported
     return [(p.id, p.shown_verdict, list(p.files)) for p in report.patches if p.verdict.needs_action]

@@ -97,7 +97,10 @@ def check_manifest(data: object, declared: Iterable[str], patch_ids: Iterable[st
         _declared(rel, declared, "file")
         entry = _obj(entry, f"files[{rel}]")
         patches = entry.get("patches")
-        _expect(isinstance(patches, list) and all(p in ids for p in patches), f"files[{rel}].patches names unknown patches")
+        _expect(
+            isinstance(patches, list) and all(isinstance(p, str) and p in ids for p in patches),
+            f"files[{rel}].patches names unknown patches",
+        )
         _sha(entry.get("before"), "before")
         _sha(entry.get("after"), "after")
     for pid, v in _obj(data.get("verdicts", {}), "verdicts").items():
@@ -126,7 +129,7 @@ def check_manifest(data: object, declared: Iterable[str], patch_ids: Iterable[st
         _expect(key in ("version", "source"), f"flashinfer has an unknown key {key!r}")
         _str(value, f"flashinfer.{key}", optional=True)
     opt_in = data.get("opt_in", [])
-    _expect(isinstance(opt_in, list) and all(p in ids for p in opt_in), "opt_in names unknown patches")
+    _expect(isinstance(opt_in, list) and all(isinstance(p, str) and p in ids for p in opt_in), "opt_in names unknown patches")
     transaction = data.get("transaction")
     if transaction is not None:
         transaction = _obj(transaction, "transaction")

@@ -27,6 +27,7 @@ from patch_dsv4.manifest_rules import READABLE_SCHEMAS, InvalidManifest, check_m
 
 STATE_DIR = ".patch-dsv4"
 MANIFEST = "manifest.json"
+LOCK_FILE = ".patch-dsv4.lock"  # patch_dsv4.state takes it; the fast paths only look
 _SOURCE_LIMIT = 32 << 20
 _NAME_RE = re.compile(r"[-_.]+")
 
@@ -63,6 +64,22 @@ def _metadata_headers(text: str) -> dict[str, list[str]]:
     return headers
 
 
+def read_regular(path: str, limit: int) -> bytes:
+    """The first ``limit`` bytes of a regular file; OSError for anything else (a FIFO or device never blocks)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{path} is not a regular file")
+        os.set_blocking(fd, True)
+        chunks, left = [], limit
+        while left > 0 and (chunk := os.read(fd, min(left, 1 << 20))):
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
 def find_dist(name: str, search_path: list[str]) -> DistInfo | None | bool:
     """The first dist-info of ``name`` on ``search_path``; False when a directory holds several (ambiguous)."""
     wanted = canonical(name)
@@ -77,8 +94,7 @@ def find_dist(name: str, search_path: list[str]) -> DistInfo | None | bool:
                 continue  # most entries of a big environment, passed over without a regex
             if canonical(dist_info[: -len(".dist-info")].rpartition("-")[0]) == wanted:
                 try:
-                    with open(os.path.join(entry, dist_info, "METADATA"), encoding="utf-8") as fh:
-                        text = fh.read(1 << 20)
+                    text = read_regular(os.path.join(entry, dist_info, "METADATA"), 1 << 20).decode("utf-8")
                 except (OSError, UnicodeDecodeError):
                     return False
                 headers = _metadata_headers(text)
@@ -178,6 +194,30 @@ def read_manifest(site_packages: str) -> dict | None:
     finally:
         os.close(fd)
     return data if isinstance(data, dict) else None
+
+
+def write_in_progress(site_packages: str) -> str | None:
+    """Who is writing this environment now (an apply or revert holding its lock), or None; never waits.
+
+    The lock file is opened only if it exists, read-only, without following a link; a FIFO never blocks.
+    """
+    import fcntl
+
+    try:
+        fd = os.open(os.path.join(site_packages, LOCK_FILE), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip()
+            return holder or "another patch-dsv4 process"
+        return None
+    finally:
+        os.close(fd)
 
 
 class Hasher:

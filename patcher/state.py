@@ -278,16 +278,33 @@ class StateStore:
             site.rmdir(STATE_DIR)
         return True
 
-    def save_local_edit(self, relpath: str, data: bytes) -> Path:
-        """Keep a hand-edited file before revert replaces it; where it was saved."""
+    def new_saved_edits_run(self) -> str:
+        """A fresh directory for the local edits one run saves, created exclusively: a later run in the same
+        second gets another (``<stamp>-2``, ...), so nothing saved is ever replaced. Its name."""
         stamp = time.strftime("%Y%m%d-%H%M%S")
+        state = self.state_dir(create=True)
+        with state:
+            saved = state.child(SAVED_EDITS, DIR_MODE, self.dir_owner)
+        with saved:
+            for n in range(1, 1000):
+                name = stamp if n == 1 else f"{stamp}-{n}"
+                if saved.make_dir(name, DIR_MODE, self.dir_owner):
+                    return name
+        raise EnvironmentProblem(f"cannot make a directory under {self.dir_path / SAVED_EDITS}", "too many runs this second")
+
+    def save_local_edit(self, run: str, relpath: str, data: bytes, owner: Owner) -> Path:
+        """Keep a hand-edited file in ``run`` (:meth:`new_saved_edits_run`) before it is replaced; where it was saved.
+
+        ``owner`` is the original's owner, group and mode: the copy is never readable by more than the file was.
+        """
         parts = checked_relpath(relpath)
         state = self.state_dir(create=True)
         with state:
-            directory = state.walk_to((SAVED_EDITS, stamp, *parts[:-1]), DIR_MODE, self.dir_owner)
+            directory = state.walk_to((SAVED_EDITS, run, *parts[:-1]), DIR_MODE, self.dir_owner)
         with directory:
-            directory.write_atomic(parts[-1], data, self.owner)
-        return self.dir_path / SAVED_EDITS / stamp / relpath
+            if not directory.create_new(parts[-1], data, owner):
+                raise EnvironmentProblem(f"cannot save {relpath}", f"{directory.path / parts[-1]} exists already")
+        return self.dir_path / SAVED_EDITS / run / relpath
 
     def clear_staged(self) -> None:
         state = self.state_dir()
