@@ -83,13 +83,26 @@ def _defined_name(node: ast.stmt) -> str | None:
     return None
 
 
-def mentions_injected(node: ast.AST) -> bool:
-    """Whether ``node`` names anything with the injected prefix (a name, a def, an attribute)."""
+def _named(node: ast.AST) -> Iterator[str]:
     for sub in ast.walk(node):
         name = getattr(sub, "id", None) or getattr(sub, "name", None) or getattr(sub, "attr", None)
         if isinstance(name, str) and name.startswith(INJECTED_PREFIX):
-            return True
-    return False
+            yield name
+
+
+def mentions_injected(node: ast.AST, names: "frozenset[str] | None" = None) -> bool:
+    """Whether ``node`` names anything with the injected prefix (a name, a def, an attribute).
+
+    With ``names``, only those count: an edit asks about its own, so that a sibling's edit in the same scope (of
+    another patch, or another edit of its own) does not make it look present.
+    """
+    return any(names is None or name in names for name in _named(node))
+
+
+@functools.lru_cache(maxsize=256)
+def injected_names(*codes: str) -> frozenset[str]:
+    """The injected (``_patch_dsv4_*``) names the snippets ``codes`` mention."""
+    return frozenset(name for code in codes for name in _named(ast.parse(textwrap.dedent(code))))
 
 
 @dataclass(frozen=True)
@@ -141,6 +154,11 @@ class ReplaceStatements(Edit):
     def helper_sources(self) -> tuple[str, ...]:
         return tuple(helper_source(h) for h in self.helpers)
 
+    def own_names(self) -> frozenset[str]:
+        """The injected names this edit writes into its scope (its replacements'). Edits sharing a scope have
+        disjoint ones (checked at discovery), so each tells its own statements from a sibling's."""
+        return injected_names(*(variant.replacement for variant in self.variants))
+
     def injected_code(self, outcome: Outcome) -> Sequence[str]:
         return (self.variants[outcome.variant or 0].replacement, *self.helper_sources())
 
@@ -177,7 +195,7 @@ class ReplaceStatements(Edit):
                 break
         else:
             ours = []
-        if ours or helper_problem or mentions_injected(scope):
+        if ours or helper_problem or mentions_injected(scope, self.own_names()):
             return Outcome.drifted(
                 f"{self.label}: our edit in {where} is present but not as we write it"
                 + (f" ({helper_problem})" if helper_problem else ""),
@@ -255,6 +273,10 @@ class ReplaceStatements(Edit):
                 new[0] = new[0].with_changes(leading_lines=[*new[0].leading_lines, *comments])
             else:
                 new[0] = new[0].with_changes(leading_lines=[*matched[0].leading_lines, *comments, *new[0].leading_lines])
+                for k in range(1, len(new)):
+                    if new[k] is matched[0]:  # vLLM's comment above it now stands above our statement, once
+                        kept = [line for line in matched[0].leading_lines if line.comment is None]
+                        new[k] = matched[0].with_changes(leading_lines=kept)
             return new
 
         class Replace(cst.CSTTransformer):

@@ -42,7 +42,9 @@ def judge(ctx: Context, patches: list[Patch], check_fit: bool = True, plan: bool
     """Every edit's verdict on the files as they are, and the files as the pending edits would write them.
 
     Each edit is judged on the file as it is (edits of one file stand in
-    different scopes, so one pending edit does not change what another sees);
+    different scopes, or in one scope on disjoint statements with names of
+    their own, checked at discovery: one pending edit does not change what
+    another sees);
     the pending edits of a file are then written in one libcst pass, and the
     result is proven: it parses, and every edit finds itself applied there.
 

@@ -3,9 +3,9 @@
 No hand-kept list: every module of the package that defines a :class:`Patch`
 subclass is a patch. A patch that breaks a rule every patch must keep (an id
 and a why; injected names with the ``_patch_dsv4_`` prefix, so a patched file
-is recognised as ours; the marker comment in every replacement; each edit in
-its own file and scope) is refused here, before it can judge or write
-anything. Patches apply in the order of their ids.
+is recognised as ours; the marker comment in every replacement; edits that
+share a scope anchor on disjoint statements and inject names of their own) is
+refused here, before it can judge or write anything. Patches apply in the order of their ids.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from functools import lru_cache
 
 from patch_dsv4.edits import ReplaceStatements, helper_source, mentions_injected
 from patch_dsv4.errors import TransformBug
+from patch_dsv4.fingerprint import normalize_node
 from patch_dsv4.patch import INJECTED_PREFIX, Example, Patch, marker_comment
 
 _ID = re.compile(r"[a-z][a-z0-9]*(?:-[a-z0-9]+)*")
@@ -77,22 +78,60 @@ def check_patch(patch: type[Patch]) -> None:
                 raise _refuse(patch, f"helper {helper.__name__} is decorated; injected helpers are plain functions")
 
 
+def _statement_forms(code: str, nested: bool) -> dict[str, str]:
+    """Canonical form -> source of each statement of ``code``: the top-level ones, or with ``nested`` every one."""
+    tree = ast.parse(textwrap.dedent(code))
+    nodes = [n for n in ast.walk(tree) if isinstance(n, ast.stmt)] if nested else tree.body
+    return {normalize_node(n): ast.unparse(n) for n in nodes}
+
+
+def _overlap(first: ReplaceStatements, second: ReplaceStatements) -> str | None:
+    """Why two edits of one scope cannot both stand there, or None when their anchors are disjoint.
+
+    They collide when a statement one edit anchors on is part of the other's anchor or of its replacement (so
+    one edit's writing would change, or repeat, what the other matches), or when both inject a name into the
+    scope (each edit tells its own statements from a sibling's by the names only it writes there).
+    """
+    for a, b in ((first, second), (second, first)):
+        for va in a.variants:
+            around = _statement_forms(va.anchor, nested=True) | _statement_forms(va.replacement, nested=True)
+            for vb in b.variants:
+                for form, text in _statement_forms(vb.anchor, nested=False).items():
+                    if form in around:
+                        first_line = text.splitlines()[0]
+                        return f"{b.label!r} anchors on {first_line!r}, which {a.label!r} anchors on or writes"
+    shared = first.own_names() & second.own_names()
+    if shared:
+        return f"both write {sorted(shared)[0]} into the scope"
+    return None
+
+
 def check_together(patches: list[type[Patch]]) -> None:
-    """Raise PatchDefinitionError when two patches share an id, or two edits one (file, scope)."""
+    """Raise PatchDefinitionError when two patches share an id, or two edits of one (file, scope) overlap.
+
+    Edits of one scope (of one patch or of several) stand together when their anchors are disjoint and each
+    injects names of its own there (:func:`_overlap`): each is judged on the file as it is, and the pending
+    ones are written one after the other.
+    """
     ids = [p.id for p in patches]
     twice = sorted({i for i in ids if ids.count(i) > 1})
     if twice:
         raise PatchDefinitionError(f"patch ids defined twice: {', '.join(twice)}")
-    seen: dict[tuple[str, str], str] = {}
+    seen: dict[tuple[str, str], list[tuple[str, ReplaceStatements]]] = {}
     for patch in patches:
         for edit in patch.edits:
             key = (edit.file, str(edit.scope))
-            if key in seen:
-                raise PatchDefinitionError(
-                    f"patches {seen[key]} and {patch.id} both edit {edit.file}:{edit.scope}",
-                    "each edit has a scope of its own (edits are judged on the file as it is)",
-                )
-            seen[key] = patch.id
+            for other_id, other in seen.get(key, []):
+                why = _overlap(other, edit)
+                if why is not None:
+                    both = f"patches {other_id} and {patch.id} both"
+                    who = both if other_id != patch.id else f"patch {patch.id} twice"
+                    raise PatchDefinitionError(
+                        f"{who} edit {edit.file}:{edit.scope} with overlapping anchors",
+                        why,
+                        "give each edit statements of its own to anchor on, and names of its own to inject",
+                    )
+            seen.setdefault(key, []).append((patch.id, edit))
 
 
 @lru_cache(maxsize=1)

@@ -134,15 +134,19 @@ def test_dense_exl3_o_proj_is_foreign(version, make_tree, cli):
     dtype = status.patch("dtype-policy")
     assert dtype["verdict"] == "foreign" and dtype["foreign"] == "patch_dsv4_dense_exl3.py"
     assert "EXL3" in dtype["detail"]
+    # the script's other edits are those of our opt-ins: the compressor's quant config, the wo_a slice entries
+    assert status.patch("dense-exl3")["verdict"] == "opt-in" and "takeover --with dense-exl3" in status.patch(
+        "dense-exl3"
+    )["detail"]
+    assert status.patch("exl3-wo-a-slices")["verdict"] == "opt-in"
     refused = cli("apply", "--site-packages", tree, "--force")
     assert refused.code == 1 and "--force" not in refused.stderr
-    # takeover restores the foreign-edited files, and the files apply must write that another tool's backup
-    # vouches for (0.28: model.py, with lna's slice entries, for loader-skips); nothing else of the user's:
-    # compressor.py, which no patch edits, and on 0.30 model.py, which no patch needs, stay as they are
-    restored = [FLASHINFER, MODEL] if version == "0.28.0" else [FLASHINFER]
-    left = tuple(rel for rel in changed if rel not in restored)
-    _take_over_then_revert(cli, tree, restored, left=tuple(r for r in left if r.startswith(R.NVIDIA)))
-    assert _record_equal(tree, R.DSV4) == sorted(left)
+    # takeover restores every file the script edited, from the backup that holds pip's bytes, and takes over
+    # the opt-ins whose edits it provided: dense-exl3 (EXL3 branch, compressor) and exl3-wo-a-slices
+    restored = sorted(set(changed))
+    assert set(restored) == {R.COMPRESSOR, FLASHINFER, MODEL}
+    _take_over_then_revert(cli, tree, restored)
+    assert _record_equal(tree, R.DSV4) == []
 
 
 def test_aux_streams_recipe_is_named_and_taken_over_as_the_opt_in(make_tree, cli):
@@ -173,7 +177,8 @@ def test_a_chain_of_scripts_is_undone_from_the_backup_that_equals_record(make_tr
     (tree / (FLASHINFER + ".a-decoy")).write_bytes(later.read_bytes())
     status = cli("status", "--site-packages", tree, "--json")
     assert status.patch("dtype-policy")["verdict"] == "foreign"
-    edited = [rel for rel in sorted(set(chain.changed)) if rel in {FLASHINFER, MODEL, R.DSPARK}]
+    edited = [rel for rel in sorted(set(chain.changed)) if rel in {FLASHINFER, MODEL, R.DSPARK, R.COMPRESSOR, R.ATTENTION}]
+    assert R.COMPRESSOR in edited and R.ATTENTION in edited  # dense-exl3's scopes: taken over as the opt-in
     _take_over_then_revert(cli, tree, edited)
 
 

@@ -1,0 +1,223 @@
+"""Load an EXL3 `wo_a` stored per group (`attn.wo_a.slice.G.*`, lna-lab's dense-EXL3 bakes) (opt-in).
+
+lna-lab's dense-EXL3 packs store each layer's `wo_a` as one EXL3 tensor set per
+output group (`layers.N.attn.wo_a.slice.G.{trellis,suh,svh,...}`), so that each
+tensor-parallel rank loads its own group. `DeepseekV4Model.load_weights`
+(`nvidia/model.py`) has no mapping for those names in any release 0.28.0-0.33.0:
+`KeyError: 'layers.N.attn.wo_a.slice.0.trellis'`. The patch extends
+`stacked_params_mapping`, for a model whose quant config is vllm-exl3's, with
+one entry per group, `("attn.wo_a.", "attn.wo_a.slice.G.", G)`: the tensor loads
+into `attn.wo_a.*` with the group index as shard id. The trailing dots keep
+`slice.1.` from matching `slice.10.`. Any other pack gets no entry, and the
+loader runs as before.
+
+The plugin must take that shard id as the owning rank: lna-lab's fork of
+vllm-exl3 does (`_wo_a_slice_rank`); vllm-exl3 main does not, and there the load
+still fails (`ValueError: shard_idx ... out of range` instead of the `KeyError`).
+`patch-dsv4 doctor` says which one is installed. The MTP draft's loader
+(`nvidia/mtp.py`) is left alone, as lna-lab's script leaves it. Use it with
+`dense-exl3`; applied only when asked for (`patch-dsv4 apply --with
+exl3-wo-a-slices`), then kept by later applies.
+
+Not fixed upstream in vLLM 0.28.0-0.33.0.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+
+from patch_dsv4.edits import ForeignEdit, ReplaceStatements, Variant, injected_names, mentions_injected
+from patch_dsv4.patch import Context, Example, Patch, Scope
+from patch_dsv4.verdicts import Outcome, Verdict
+
+MODEL = "vllm/models/deepseek_v4/nvidia/model.py"
+SLICE = "wo_a.slice"
+
+
+def _patch_dsv4_wo_a_slice_mapping(model):
+    """stacked_params_mapping entries for an EXL3 wo_a stored per group (attn.wo_a.slice.G.*).
+
+    Written by patch-dsv4 (exl3-wo-a-slices). The shard id is the group index,
+    which the plugin's wo_a loader takes as the owning tensor-parallel rank; the
+    trailing dots keep slice.1. from matching slice.10.; no entry unless the
+    model's quant config is EXL3.
+    """
+    quant_config = getattr(model, "quant_config", None)
+    get_name = getattr(quant_config, "get_name", None)
+    if not callable(get_name) or get_name() != "exl3":
+        return []
+    groups = int(getattr(model.config, "o_groups", 0) or 0)
+    return [("attn.wo_a.", f"attn.wo_a.slice.{g}.", g) for g in range(groups)]
+
+
+ANCHOR = """
+stacked_params_mapping = [
+    ("gate_up_proj", "w1", 0),
+    ("gate_up_proj", "w3", 1),
+    ("attn.fused_wqa_wkv", "attn.wq_a", 0),
+    ("attn.fused_wqa_wkv", "attn.wkv", 1),
+    ("compressor.fused_wkv_wgate", "compressor.wkv", 0),
+    ("compressor.fused_wkv_wgate", "compressor.wgate", 1),
+]
+"""
+REPLACEMENT = ANCHOR.strip("\n") + """
+# patch-dsv4 (exl3-wo-a-slices): an EXL3 pack may store wo_a per group as wo_a.slice.G.
+stacked_params_mapping += _patch_dsv4_wo_a_slice_mapping(self)
+"""
+OWN = injected_names(REPLACEMENT)
+_LNA_SLICE = re.compile(r"attn\.wo_a\.slice\.(\d+)")
+
+
+def _slice_strings(scope: ast.AST) -> list[ast.Constant]:
+    return [n for n in ast.walk(scope) if isinstance(n, ast.Constant) and isinstance(n.value, str) and SLICE in n.value]
+
+
+def _lna_entries(scope: ast.AST) -> list[ast.Tuple]:
+    """lna-lab's entries: ``("attn.wo_a", "attn.wo_a.slice.N", N)``, the slice name without its trailing dot."""
+    found = []
+    for node in ast.walk(scope):
+        if isinstance(node, ast.Tuple) and len(node.elts) == 3 and all(isinstance(e, ast.Constant) for e in node.elts):
+            param, shard, index = (e.value for e in node.elts)
+            match = _LNA_SLICE.fullmatch(shard) if isinstance(shard, str) else None
+            if param == "attn.wo_a" and match and index == int(match.group(1)):
+                found.append(node)
+    return found
+
+
+def _lna_slices(tree: ast.Module, scope: ast.AST | None) -> str | None:
+    """lna-lab's patch_dsv4_dense_exl3.py closes stacked_params_mapping with its wo_a slice entries."""
+    entries = _lna_entries(scope) if scope is not None else []
+    if not entries:
+        return None
+    return f"stacked_params_mapping holds {len(entries)} entries ('attn.wo_a', 'attn.wo_a.slice.N', N)"
+
+
+LNA_SLICES = ForeignEdit(
+    script="patch_dsv4_dense_exl3.py",
+    recipe="lna-lab recipe",
+    meaning=(
+        "its entries apply to every pack and have no trailing dot (slice.1 also matches slice.10 to slice.15 "
+        "once o_groups > 10), and patch-dsv4 can neither verify nor revert them: take them over with "
+        "takeover --with exl3-wo-a-slices"
+    ),
+    found=_lna_slices,
+)
+
+
+def _upstream_slices(ctx: Context, tree: ast.Module | None) -> Outcome | None:
+    """vLLM maps wo_a slices itself: the loader names ``wo_a.slice`` (none of ours, none of lna-lab's)."""
+    scope = ctx.scope(MODEL, "DeepseekV4Model", "load_weights") if tree is not None else None
+    if scope is None or mentions_injected(scope, OWN):
+        return None
+    strings = _slice_strings(scope)
+    if strings:
+        return Outcome.upstream(f"DeepseekV4Model.load_weights maps wo_a slices itself: {strings[0].value!r}")
+    return None
+
+
+class Exl3WoASlices(Patch):
+    id = "exl3-wo-a-slices"
+    title = "opt-in: an EXL3 wo_a stored per group (attn.wo_a.slice.G) loads"
+    opt_in = True
+    edits = (
+        ReplaceStatements(
+            label="load_weights maps attn.wo_a.slice.G to wo_a, shard G",
+            file=MODEL,
+            scope=Scope("DeepseekV4Model", "load_weights"),
+            variants=(Variant(ANCHOR, REPLACEMENT, releases="0.28.0-0.33.0"),),
+            helpers=(_patch_dsv4_wo_a_slice_mapping,),
+            probe=_upstream_slices,
+            foreign=(LNA_SLICES,),
+        ),
+    )
+
+
+EXAMPLES = (
+    Example(
+        "slices-mapped-for-exl3",
+        MODEL,
+        before="""\
+class DeepseekV4Model(nn.Module, EagleModelMixin):
+    def load_weights(self, weights):
+        stacked_params_mapping = [
+            # (param_name, shard_name, shard_id)
+            ("gate_up_proj", "w1", 0),
+            ("gate_up_proj", "w3", 1),
+            ("attn.fused_wqa_wkv", "attn.wq_a", 0),
+            ("attn.fused_wqa_wkv", "attn.wkv", 1),
+            ("compressor.fused_wkv_wgate", "compressor.wkv", 0),
+            ("compressor.fused_wkv_wgate", "compressor.wgate", 1),
+        ]
+        params_dict = dict(self.named_parameters())
+""",
+        after='''\
+def _patch_dsv4_wo_a_slice_mapping(model):
+    """stacked_params_mapping entries for an EXL3 wo_a stored per group (attn.wo_a.slice.G.*).
+
+    Written by patch-dsv4 (exl3-wo-a-slices). The shard id is the group index,
+    which the plugin's wo_a loader takes as the owning tensor-parallel rank; the
+    trailing dots keep slice.1. from matching slice.10.; no entry unless the
+    model's quant config is EXL3.
+    """
+    quant_config = getattr(model, "quant_config", None)
+    get_name = getattr(quant_config, "get_name", None)
+    if not callable(get_name) or get_name() != "exl3":
+        return []
+    groups = int(getattr(model.config, "o_groups", 0) or 0)
+    return [("attn.wo_a.", f"attn.wo_a.slice.{g}.", g) for g in range(groups)]
+
+
+class DeepseekV4Model(nn.Module, EagleModelMixin):
+    def load_weights(self, weights):
+        stacked_params_mapping = [
+            # (param_name, shard_name, shard_id)
+            ("gate_up_proj", "w1", 0),
+            ("gate_up_proj", "w3", 1),
+            ("attn.fused_wqa_wkv", "attn.wq_a", 0),
+            ("attn.fused_wqa_wkv", "attn.wkv", 1),
+            ("compressor.fused_wkv_wgate", "compressor.wkv", 0),
+            ("compressor.fused_wkv_wgate", "compressor.wgate", 1),
+        ]
+        # patch-dsv4 (exl3-wo-a-slices): an EXL3 pack may store wo_a per group as wo_a.slice.G.
+        stacked_params_mapping += _patch_dsv4_wo_a_slice_mapping(self)
+        params_dict = dict(self.named_parameters())
+''',
+    ),
+    Example(
+        "lna-lab-slices",
+        MODEL,
+        before="""\
+class DeepseekV4Model(nn.Module, EagleModelMixin):
+    def load_weights(self, weights):
+        stacked_params_mapping = [
+            ("gate_up_proj", "w1", 0),
+            ("gate_up_proj", "w3", 1),
+            ("attn.fused_wqa_wkv", "attn.wq_a", 0),
+            ("attn.fused_wqa_wkv", "attn.wkv", 1),
+            ("compressor.fused_wkv_wgate", "compressor.wkv", 0),
+            ("compressor.fused_wkv_wgate", "compressor.wgate", 1),
+            # LNA-LAB: one pre-fusion wo_a slice per TP rank
+            ("attn.wo_a", "attn.wo_a.slice.0", 0),
+            ("attn.wo_a", "attn.wo_a.slice.1", 1),
+        ]
+""",
+        after=None,
+        verdict=Verdict.FOREIGN,
+    ),
+    Example(
+        "upstream-maps-slices",
+        MODEL,
+        before="""\
+class DeepseekV4Model(nn.Module, EagleModelMixin):
+    def load_weights(self, weights):
+        stacked_params_mapping = [
+            ("gate_up_proj", "w1", 0),
+            ("gate_up_proj", "w3", 1),
+        ]
+        stacked_params_mapping += [("attn.wo_a.", f"attn.wo_a.slice.{g}.", g) for g in range(8)]
+""",
+        after=None,
+        verdict=Verdict.UPSTREAM,
+    ),
+)
