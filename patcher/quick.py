@@ -196,6 +196,44 @@ def read_manifest(site_packages: str) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
+#: The package whose file set a record lists: a file added or removed there makes another build.
+PACKAGE_DIR = "vllm/models/deepseek_v4"
+
+
+def package_files(names) -> list[str]:
+    """The Python files of the DeepSeek-V4 package among ``names`` (relative paths), sorted."""
+    prefix = PACKAGE_DIR + "/"
+    return sorted(
+        n for n in names if n.startswith(prefix) and n.endswith(".py") and "/__pycache__/" not in n[len(prefix) - 1 :]
+    )
+
+
+def listed_package_files(site) -> list[str]:
+    """The Python files of the DeepSeek-V4 package under ``site`` as they are on disk (links not followed)."""
+    root = os.path.join(str(site), PACKAGE_DIR)
+    found = []
+    for current, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        rel = os.path.relpath(current, str(site)).replace(os.sep, "/")
+        found.extend(f"{rel}/{name}" for name in files if name.endswith(".py"))
+    return package_files(found)
+
+
+def file_set_change(record: dict, files) -> str | None:
+    """How ``files`` differ from the package files the record lists (None: the same, or nothing to compare)."""
+    recorded = record.get("package_files")
+    if files is None or not isinstance(recorded, list):
+        return None
+    now, then = set(files), set(recorded)
+    if now == then:
+        return None
+    added, removed = sorted(now - then), sorted(then - now)
+    parts = [f"{added[0]} added" + (f" (and {len(added) - 1} more)" if len(added) > 1 else "")] if added else []
+    if removed:
+        parts.append(f"{removed[0]} removed" + (f" (and {len(removed) - 1} more)" if len(removed) > 1 else ""))
+    return ", ".join(parts)
+
+
 def write_in_progress(site_packages: str) -> str | None:
     """Who is writing this environment now (an apply or revert holding its lock), or None; never waits.
 
@@ -370,8 +408,6 @@ def recorded_verdicts(site: Site, manifest: dict | None = None, hasher: Hasher |
 
 def _file_set_changed(site: Site, record: dict) -> bool:
     """Whether the DeepSeek-V4 package holds other files than the record lists (another build)."""
-    from patch_dsv4.anchors_store import file_set_change, listed_package_files
-
     return file_set_change(record, listed_package_files(site.site_packages)) is not None
 
 

@@ -201,13 +201,16 @@ def test_function_changed_elsewhere_is_new(tmp_path, cli):
 
 # -- unusable input ------------------------------------------------------------------
 def _one_line_error(result, *words):
-    """Exit 2 and one error line (progress lines, such as a fetch's, may come before it)."""
+    """Exit 2 and one error line (progress lines, such as a fetch's, may come before it); over 200 characters,
+    what, why and next stand on lines of their own, each within 200."""
     assert result.code == 2, (result.stdout, result.stderr)
     lines = [line for line in result.stderr.strip().splitlines() if not line.startswith("patch-dsv4: fetch")]
-    assert len(lines) == 1 and lines[0].startswith("patch-dsv4: error:"), result.stderr
+    assert lines and lines[0].startswith("patch-dsv4: error:"), result.stderr
+    assert len(lines) == 1 or all(line.startswith(("patch-dsv4: why:", "patch-dsv4: next:")) for line in lines[1:])
+    assert all(len(line) <= 200 for line in lines), result.stderr
     assert "Traceback" not in result.stderr
     for word in words:
-        assert word in lines[0], lines[0]
+        assert word in " ".join(lines), lines
 
 
 def test_missing_file(tmp_path, cli):
