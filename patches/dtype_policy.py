@@ -155,8 +155,8 @@ LNA_DENSE_EXL3 = ForeignEdit(
     recipe="lna-lab recipe",
     meaning=(
         "its BF16 branch does what this patch does, but patch-dsv4 can neither verify nor revert it; its EXL3 "
-        "branch serves dense-EXL3 attention, which patch-dsv4 does not carry yet: take it over only for a pack "
-        "whose attention linears are not EXL3"
+        "branch is what the opt-in dense-exl3 carries (in DeepseekV4Attention.forward, before _o_proj, so it "
+        "composes with this patch): take it over with takeover --with dense-exl3"
     ),
     found=_lna_dense_exl3,
 )
