@@ -12,7 +12,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from .base import FAIL, INFO, PASS, SKIP, WARN, DoctorContext, Row, check, clip
+from .base import FAIL, INFO, PASS, SKIP, WARN, DoctorContext, Row, check, clip, json_cost, read_regular_file
+from .pack import INDEX_LIMIT, INDEX_MEMORY, INDEX_NAME, pack_scan
 from .runtime import module_assignment, parse_python, target_option, vllm_file
 from .serving_env import (
     dense_exl3_modules,
@@ -216,6 +217,108 @@ def attention_aux_streams(ctx: DoctorContext) -> Row:
         WARN,
         f"attention linears are EXL3 but {' and '.join(missing)}, so they can run on vLLM's auxiliary streams.",
         f"patch-dsv4 apply --with aux-streams{target_option(ctx.runtime)} && export {AUX_STREAM_SWITCHES[0]}=0",
+    )
+
+
+WO_A_SLICE = "attn.wo_a.slice."
+# What lna-lab's fork of vllm-exl3 names in its per-rank wo_a loader (recipe-lna/vllm_exl3_exl3.py.lna @ a131603)
+SLICE_AWARE_LOADER = ("_wo_a_slice_rank", "_WO_A_SLICE_RE")
+_NEEDED_OK = ("applied", "upstream")
+
+
+def exl3_compressor_or_attention(ctx: DoctorContext) -> list[str]:
+    """The attention and compressor modules ``non_routed_exl3`` declares EXL3."""
+    return [m for m in dense_exl3_modules(ctx) if ".attn." in f".{m}." or "compressor" in m]
+
+
+def wo_a_slices(ctx: DoctorContext) -> str | None:
+    """Where the pack names ``attn.wo_a.slice.G`` tensors (a shard's header, else the index), or None."""
+
+    def find() -> str | None:
+        scan = pack_scan(ctx)
+        found = sorted(m for m in scan.dense if WO_A_SLICE in f"{m}.")
+        if found:
+            return f"the shards hold {found[0]}.*"
+        try:
+            raw = read_regular_file(ctx.pack / INDEX_NAME, INDEX_LIMIT)
+            weight_map = json.loads(raw).get("weight_map") if json_cost(raw) <= INDEX_MEMORY else None
+        except (OSError, ValueError, AttributeError, RecursionError):
+            return None
+        names = (
+            sorted(n for n in weight_map if isinstance(n, str) and WO_A_SLICE in n)
+            if isinstance(weight_map, dict)
+            else []
+        )
+        return f"{INDEX_NAME} names {clip(names[0])}" if names else None
+
+    return ctx.cached("pack.wo_a_slices", find)
+
+
+def plugin_loads_wo_a_slices(ctx: DoctorContext) -> bool | None:
+    """Whether the installed vllm_exl3/exl3.py has a wo_a loader that takes slice ids as ranks (None: no plugin)."""
+    package = find_package(ctx.runtime.site_dirs, "vllm_exl3")
+    source = package / "exl3.py" if package is not None and package.is_dir() else None
+    if source is None or not source.is_file():
+        return None
+    try:
+        text = read_regular_file(source).decode("utf-8", "replace")
+    except OSError:
+        return None
+    return any(name in text for name in SLICE_AWARE_LOADER)
+
+
+@check("env.dense-exl3", needs=("runtime", "pack"))
+def dense_exl3_patches(ctx: DoctorContext) -> Row:
+    """A pack with EXL3 attention or compressor linears needs the dense-exl3 patches (and aux-streams).
+
+    FAIL when ``non_routed_exl3`` covers attention or compressor modules, or the
+    pack stores ``attn.wo_a.slice.G`` tensors, and the opt-in patches
+    dense-exl3 (and exl3-wo-a-slices for slices) are not applied [late]: a
+    KeyError mid-load (compressor, wo_a slices) or an AttributeError on
+    ``.weight`` at the first forward. FAIL too when the pack has slices and the
+    installed vllm-exl3 has no per-rank wo_a loader (only lna-lab's fork has
+    one): the load stops with ``shard_idx ... out of range``. Evidence:
+    S notes/dense-exl3.md §1, patches/dense_exl3.py, patches/exl3_wo_a_slices.py.
+    """
+    modules = exl3_compressor_or_attention(ctx)
+    slices = wo_a_slices(ctx)
+    if not modules and not slices:
+        return Row("env.dense-exl3", PASS, "no attention or compressor linear is EXL3: dense-exl3 is not needed.")
+    declared = f"non_routed_exl3 declares {len(modules)} attention/compressor modules EXL3" if modules else None
+    what = " and ".join(
+        [*([f"{declared} ({clip(modules[0])}, ...)"] if modules else []), *([slices] if slices else [])]
+    )
+    verdicts = ctx.runtime.patch_verdicts or {}
+    needed = ["dense-exl3"] + (["exl3-wo-a-slices"] if slices else [])
+    missing = [pid for pid in needed if verdicts.get(pid) not in _NEEDED_OK]
+    target = target_option(ctx.runtime)
+    if missing:
+        wanted = [*needed, *(["aux-streams"] if verdicts.get("aux-streams") not in _NEEDED_OK else [])]
+        said = ", ".join(f"{pid} is {verdicts.get(pid) or 'not known'}" for pid in missing)
+        command = "patch-dsv4 apply" + "".join(f" --with {pid}" for pid in wanted) + target
+        return Row(
+            "env.dense-exl3",
+            FAIL,
+            f"{what}, but {said}: stock vLLM leaves the compressor unquantized, reads .weight of EXL3 linears at "
+            "the first forward" + (" and has no mapping for wo_a slices" if slices else "") + ".",
+            f"{command} (over lna-lab's scripts: patch-dsv4 takeover"
+            + "".join(f" --with {p}" for p in wanted)
+            + f"{target})",
+        )
+    if slices and plugin_loads_wo_a_slices(ctx) is False:
+        return Row(
+            "env.dense-exl3",
+            FAIL,
+            f"{slices}, but the installed vllm-exl3 cannot load wo_a slices (its exl3.py has no per-rank wo_a "
+            "loader): the load stops with 'shard_idx ... out of range'.",
+            "install a vllm-exl3 whose wo_a loader takes the slice index as the owning rank (lna-lab's fork of "
+            "vllm-exl3 has one: _wo_a_slice_rank), and serve at --tensor-parallel-size equal to o_groups",
+        )
+    return Row(
+        "env.dense-exl3",
+        PASS,
+        f"{what}; {' and '.join(f'{pid} is {verdicts[pid]}' for pid in needed)}"
+        + ("; the installed vllm-exl3 loads wo_a slices." if slices else "."),
     )
 
 

@@ -175,6 +175,11 @@ LATE_SYMPTOM = {
         "(text works, images return 500)"
     ),
     "aux-streams": "EXL3 attention linears run on vLLM's auxiliary CUDA streams (decode deadlock risk)",
+    "dense-exl3": (
+        "an EXL3 attention or compressor linear has no parameter (KeyError mid-load) or no .weight "
+        "(AttributeError at the first forward)"
+    ),
+    "exl3-wo-a-slices": "the loader has no mapping for attn.wo_a.slice.G: KeyError part-way through the load",
 }
 _GOOD_VERDICTS = ("applied", "upstream", "not-applicable")
 

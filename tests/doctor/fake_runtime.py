@@ -358,6 +358,8 @@ def vcruz305(tmp_path: Path, vllm: str = "0.28.0", flashinfer: str = "0.6.18") -
         "stream-load": "not-applicable",
         "wide-swa": "not-applicable",
         "aux-streams": "opt-in",
+        "dense-exl3": "opt-in",
+        "exl3-wo-a-slices": "opt-in",
     }
     runtime = Runtime(
         site_dirs=(site,),
@@ -410,6 +412,8 @@ def lna_lab(tmp_path: Path, vllm: str = "0.33.0", flashinfer: str = "0.7.2.post1
         "stream-load": "upstream",
         "wide-swa": "upstream",
         "aux-streams": "applied",
+        "dense-exl3": "applied",
+        "exl3-wo-a-slices": "opt-in",  # this pack stores wo_a whole (no attn.wo_a.slice.G tensors)
     }
     runtime = Runtime(
         site_dirs=(site,),

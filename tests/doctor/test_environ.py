@@ -23,7 +23,7 @@ def test_healthy_deployment_has_no_failing_environment_row(tmp_path, name):
     ctx = DEPLOYMENTS[name](tmp_path).context()
     rows = module_rows(ctx, "env.") + module_rows(ctx, "flags.")
     assert [r for r in rows if r.status == "fail"] == []
-    assert len(rows) == 8
+    assert len(rows) == 9
 
 
 # --- env.unknown-vllm: judged against each release's own envs.py -------------------------------
@@ -249,3 +249,77 @@ def test_no_serve_args_skips(tmp_path):
     deployment = vcruz305(tmp_path)
     deployment.serve_args = ""
     assert check_row(deployment.context(), "flags.recipe").status == "skip"
+
+
+# --- env.dense-exl3 ----------------------------------------------------------------------------
+
+
+def _with_slices(deployment, tmp_path):
+    """The Dense6 bake with wo_a stored per group: a real synthetic pack whose headers hold attn.wo_a.slice.G."""
+    from tests.doctor.synthetic import build_lna_dense_pack
+
+    deployment.pack = build_lna_dense_pack(tmp_path / "dense6")
+    return deployment
+
+
+def test_dense_exl3_pack_with_the_patches_passes(tmp_path):
+    row = check_row(lna_lab(tmp_path).context(), "env.dense-exl3")
+    assert row.status == "pass" and "dense-exl3 is applied" in row.detail
+
+
+def test_routed_only_pack_needs_no_dense_exl3(tmp_path):
+    row = check_row(vcruz305(tmp_path).context(), "env.dense-exl3")
+    assert row.status == "pass" and "not needed" in row.detail
+
+
+def test_dense_exl3_pack_without_the_patch_fails_with_the_exact_command(tmp_path):
+    deployment = lna_lab(tmp_path)
+    deployment.set_verdict("dense-exl3", "opt-in")
+    row = check_row(deployment.context(), "env.dense-exl3")
+    assert row.status == "fail" and "dense-exl3 is opt-in" in row.detail
+    site = deployment.site
+    assert row.fix == (
+        f"patch-dsv4 apply --with dense-exl3 --site-packages {site} "
+        f"(over lna-lab's scripts: patch-dsv4 takeover --with dense-exl3 --site-packages {site})"
+    )
+
+
+def test_the_command_keeps_recommending_aux_streams(tmp_path):
+    deployment = lna_lab(tmp_path)
+    deployment.set_verdict("dense-exl3", "opt-in")
+    deployment.set_verdict("aux-streams", "opt-in")
+    row = check_row(deployment.context(), "env.dense-exl3")
+    assert row.fix.startswith(
+        f"patch-dsv4 apply --with dense-exl3 --with aux-streams --site-packages {deployment.site}"
+    )
+    assert check_row(deployment.context(), "env.aux-streams").status == "warn"
+
+
+def test_wo_a_slices_need_their_patch(tmp_path):
+    deployment = _with_slices(lna_lab(tmp_path), tmp_path)
+    row = check_row(deployment.context(), "env.dense-exl3")
+    assert row.status == "fail" and "attn.wo_a.slice." in row.detail and "exl3-wo-a-slices is opt-in" in row.detail
+    assert row.fix.startswith(f"patch-dsv4 apply --with dense-exl3 --with exl3-wo-a-slices --site-packages")
+
+
+def test_slices_in_the_index_alone_count(tmp_path):
+    import json
+
+    deployment = lna_lab(tmp_path)
+    index = {"weight_map": {"layers.0.attn.wo_a.slice.3.trellis": "model-00001-of-00004.safetensors"}}
+    (deployment.pack / "model.safetensors.index.json").write_text(json.dumps(index))
+    row = check_row(deployment.context(), "env.dense-exl3")
+    assert row.status == "fail" and "layers.0.attn.wo_a.slice.3.trellis" in row.detail
+
+
+def test_a_plugin_without_a_per_rank_wo_a_loader_cannot_load_slices(tmp_path):
+    deployment = _with_slices(lna_lab(tmp_path), tmp_path)
+    deployment.set_verdict("exl3-wo-a-slices", "applied")
+    row = check_row(deployment.context(), "env.dense-exl3")
+    assert row.status == "fail" and "cannot load wo_a slices" in row.detail and "_wo_a_slice_rank" in row.fix
+    lna_fork = (
+        plugin_source() + "\n\ndef _wo_a_slice_rank(name):\n    return int(name.split('.slice.')[1].split('.')[0])\n"
+    )
+    install_plugin(deployment.site, source=lna_fork)
+    row = check_row(deployment.context(), "env.dense-exl3")
+    assert row.status == "pass" and "loads wo_a slices" in row.detail
