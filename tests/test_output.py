@@ -49,7 +49,7 @@ def test_status_fits_80_columns_one_line_a_patch(version, make_tree, cli):
 def test_quiet_prints_the_closing_line_and_verbose_all_evidence(make_tree, cli):
     tree = make_tree("0.30.0")
     quiet = cli("status", "--site-packages", tree, "-q")
-    assert quiet.stdout.splitlines() == ["status: 1 opt-in, 2 upstream, 2 pending"]
+    assert quiet.stdout.splitlines() == ["status: 3 opt-in, 2 upstream, 2 pending"]
     normal = cli("status", "--site-packages", tree).stdout
     verbose = cli("status", "--site-packages", tree, "-v").stdout
     assert "anchor matches" not in normal and "anchor matches" in verbose  # pending evidence only with -v
@@ -62,7 +62,7 @@ def test_apply_names_the_files_written_and_where_the_backups_are(make_tree, cli)
     assert f"  {VL_MODEL}\n" in out and f"  {FLASHINFER_SPARSE}\n" in out
     assert f"backups: {tree / '.patch-dsv4' / 'backups'}" in " ".join(out.split())  # may wrap before the path
     assert cli("verify", "--site-packages", tree, "-q").stdout.splitlines() == [
-        "verify: 1 opt-in, 2 upstream, 2 applied; hashes match the recorded state"
+        "verify: 3 opt-in, 2 upstream, 2 applied; hashes match the recorded state"
     ]
 
 
