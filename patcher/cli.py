@@ -32,8 +32,13 @@ def _wants_json(args: list[str]) -> bool:
 MAX_LINE = 200
 
 
-def _cut(line: str) -> str:
-    return line if len(line) <= MAX_LINE else line[: MAX_LINE - 25] + f"... ({len(line)} characters)"
+def _wrapped(line: str) -> str:
+    """``line`` folded at spaces into lines of at most MAX_LINE, the later ones led by ``patch-dsv4:   ``."""
+    import textwrap
+
+    return "\n".join(
+        textwrap.wrap(line, MAX_LINE, subsequent_indent="patch-dsv4:   ", break_on_hyphens=False)
+    )
 
 
 def print_error(what: str, why: str = "", next_step: str = "", stream=None) -> None:
@@ -50,10 +55,10 @@ def print_error(what: str, why: str = "", next_step: str = "", stream=None) -> N
         if len(text) <= MAX_LINE:
             stream.write(text + "\n")
             return
-        # too long for one line: what, why and next on lines of their own, each cut to fit
+        # too long for one line: what, why and next on lines of their own, each wrapped to fit
         for label, part in (("error", what), ("why", why), ("next", next_step)):
             if part:
-                stream.write(_cut(f"patch-dsv4: {label}: {part}") + "\n")
+                stream.write(_wrapped(f"patch-dsv4: {label}: {part}") + "\n")
 
 
 def _fail(command: str | None, what: str, why: str, next_step: str, code: int, as_json: bool) -> int:

@@ -354,6 +354,8 @@ def same_flashinfer(record: dict, version: str | None) -> bool:
 
 def recorded_verdicts(site: Site, manifest: dict | None = None, hasher: Hasher | None = None) -> Recorded | None:
     """The manifest's recorded verdicts when nothing they were based on has changed; else None."""
+    if write_in_progress(site.site_packages):
+        return None  # a write under way: the caller waits for it (or, the guard, reports it)
     manifest = read_manifest(site.site_packages) if manifest is None else manifest
     hasher = hasher or Hasher(site.site_packages)
     try:

@@ -16,11 +16,12 @@ import pytest
 from patch_dsv4.patches.loader_skips import MODEL
 from patch_dsv4.patches.stream_load import VL_MODEL
 from tests.releases import content_snapshot, rewrite_record, stat_snapshot, wheel_file
+from tests.errors import error_lines
 
 
 def _error(result, *words) -> str:
     assert result.code == 2, (result.code, result.stdout, result.stderr)
-    lines = result.stderr.strip().splitlines()
+    lines = error_lines(result.stderr)
     assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
     for word in words:
         assert word in lines[0], lines[0]

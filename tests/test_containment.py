@@ -22,13 +22,14 @@ from patch_dsv4.patches.stream_load import VL_MODEL
 from patch_dsv4.patches.wide_swa import FLASHINFER_SPARSE
 from tests.conftest import ROOT
 from tests.releases import content_snapshot, stat_snapshot, wheel_file
+from tests.errors import error_lines
 
 COMMANDS = ("status", "verify", "apply", "revert")
 MANIFEST = Path(".patch-dsv4") / "manifest.json"
 
 
 def _one_line(result) -> str:
-    lines = result.stderr.strip().splitlines()
+    lines = error_lines(result.stderr)
     assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
     return lines[0]
 

@@ -11,6 +11,7 @@ from tests.injected import function_node
 from tests.records import recorded_verdict, releases_needing
 from tests.roundtrip import roundtrip_one_patch
 from tests.releases import RELEASES, hand_edit, rewrite_record, stat_snapshot
+from tests.errors import error_lines
 
 NEEDED = releases_needing("dtype-policy")
 HELPER = "_patch_dsv4_bf16_o_proj"
@@ -65,7 +66,7 @@ def test_changed_projection_is_drifted_and_nothing_written(make_tree, cli):
     applied = cli("apply", "--site-packages", tree)
     assert applied.code == 1
     assert "dtype-policy is drifted" in applied.stderr
-    assert len(applied.stderr.strip().splitlines()) == 1
+    assert len(error_lines(applied.stderr)) == 1
     assert stat_snapshot(tree) == before
 
 

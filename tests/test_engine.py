@@ -11,10 +11,11 @@ from patch_dsv4.patch import Edit, Patch, Scope
 from patch_dsv4.verdicts import Outcome, Verdict
 from patch_dsv4.patches.stream_load import VL_MODEL
 from tests.releases import hand_edit, stat_snapshot
+from tests.errors import error_lines
 
 
 def _one_line(stderr: str) -> str:
-    lines = stderr.strip().splitlines()
+    lines = error_lines(stderr)
     assert len(lines) == 1, stderr
     assert "Traceback" not in stderr
     return lines[0]

@@ -18,6 +18,7 @@ import pytest
 from patch_dsv4 import guard, quick
 from patch_dsv4.patches.stream_load import VL_MODEL
 from tests.releases import hand_edit
+from tests.errors import error_lines
 
 STATE = ".patch-dsv4"
 LOCK = ".patch-dsv4.lock"
@@ -116,7 +117,7 @@ def test_a_dist_info_without_a_usable_record_is_one_clear_line(damage, make_tree
         os.mkfifo(record)
     result = _returns_within(30, lambda: cli("status", "--site-packages", tree))["value"]
     assert result.code == 2 and result.stdout == ""
-    (line,) = result.stderr.strip().splitlines()
+    (line,) = error_lines(result.stderr)
     assert "RECORD" in line and "reinstall vllm==0.30.0" in line and "drifted" not in line
 
 

@@ -25,6 +25,7 @@ from patch_dsv4.patches.stream_load import VL_MODEL
 from patch_dsv4.patches.wide_swa import FLASHINFER_SPARSE
 from tests.conftest import ROOT, run_cli
 from tests.releases import DSV4, content_snapshot
+from tests.errors import error_lines
 
 ERRORS = (errno.ENOSPC, errno.EIO, errno.EROFS)
 
@@ -63,7 +64,7 @@ def _run_with_fault(n: int, error: int, *args) -> tuple[object, int]:
 
 
 def _one_line(result) -> str:
-    lines = result.stderr.strip().splitlines()
+    lines = error_lines(result.stderr)
     assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
     return lines[0]
 
@@ -253,7 +254,7 @@ def test_root_owned_package_for_a_user_is_refused_before_anything_changes():
             cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
         )
         assert result.returncode == 2, result.stderr
-        assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+        assert "Traceback" not in result.stderr and len(error_lines(result.stderr)) == 1, result.stderr
         assert "Permission denied" in result.stderr
         assert content_snapshot(tree) == original
         assert not (tree / ".patch-dsv4").exists() and not (tree / ".patch-dsv4.lock").exists()

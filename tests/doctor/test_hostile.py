@@ -23,6 +23,7 @@ from patch_dsv4.doctor.fix_config import fix_config
 from patch_dsv4.doctor.run import _register_checks
 from patch_dsv4.doctor.safetensors import Shard
 from tests.conftest import ROOT, run_cli
+from tests.errors import error_lines
 from tests.doctor.synthetic import (
     DSPARK,
     PACK_CHECKS,
@@ -328,7 +329,8 @@ def test_unreadable_serve_args_are_a_short_one_line_error(make_tree, tmp_path):
     tree = make_tree("0.30.0")
     result = run_cli("doctor", "--site-packages", tree, "--serve-args", "--kv-cache-dtype '" + "x" * 120_000)
     assert result.code == 2 and "--serve-args" in result.stderr
-    assert len(result.stderr) < 600 and "... (120,0" in result.stderr
+    (line,) = error_lines(result.stderr)  # what, why and next, each within 200 columns
+    assert len(result.stderr) < 600 and "... (120,0" in line
 
 
 def test_the_command_on_a_deep_config_with_fix_config_is_exit_1(make_tree, mixedk):
