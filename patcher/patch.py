@@ -271,7 +271,7 @@ class Patch:
     """Base class of every patch: a module in patches/ defines one subclass.
 
     ``id`` (lower-case words joined by dashes), ``title`` (one line), ``edits``
-    (the edits, each in its own file and scope), ``opt_in`` (applied only when
+    (the edits; edits of one scope need disjoint anchors), ``opt_in`` (applied only when
     asked for with ``apply --with ID``). Its "why", shown by ``patch-dsv4 list``,
     is its module's docstring. Patches apply in the order of their ids.
     """

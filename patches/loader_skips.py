@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import ast
 
-from patch_dsv4.edits import ForeignEdit, ReplaceStatements, Variant, mentions_injected
+from patch_dsv4.edits import ForeignEdit, ReplaceStatements, Variant
 from patch_dsv4.fingerprint import find_scope
 from patch_dsv4.patch import Context, Example, Patch, Scope
 from patch_dsv4.verdicts import Outcome, Verdict
@@ -204,8 +204,11 @@ def _upstream_vision_tower(ctx: Context, tree: ast.Module | None) -> Outcome | N
 
 
 def _skips_on(scope: ast.AST | None, suffix: str, guarded: bool) -> bool:
-    """Whether ``scope`` holds ``if name.endswith(<suffix>) [and name not in params_dict]: continue`` of no patch of ours."""
-    if scope is None or mentions_injected(scope):
+    """Whether ``scope`` holds ``if name.endswith(<suffix>) [and name not in params_dict]: continue``.
+
+    Ours skips through a helper call, never in this shape; a sibling's edit in the scope changes nothing here.
+    """
+    if scope is None:
         return False
     for node in ast.walk(scope):
         if not (isinstance(node, ast.If) and len(node.body) == 1 and isinstance(node.body[0], ast.Continue)):
