@@ -40,6 +40,9 @@ FormatOption = typer.Option(Format.table, "--format", metavar="FORMAT", help="Ho
 JsonFlag = typer.Option(False, "--json", help="Short for --format json: one JSON document on stdout.")
 Verbose = typer.Option(False, "-v", "--verbose", help="Show the evidence of every verdict.")
 Quiet = typer.Option(False, "-q", "--quiet", help="Print only the closing line (and errors).")
+WithOptIn = typer.Option(
+    None, "--with", metavar="ID", help="Also apply this opt-in patch, and keep it from now on (repeatable)."
+)
 LockTimeout = typer.Option(300.0, "--lock-timeout", metavar="SECONDS", help="Seconds to wait for the environment's lock.")
 
 
@@ -126,9 +129,7 @@ def apply(
     site_packages: Optional[Path] = SitePackages,
     python: Optional[str] = Python,
     only: Optional[List[str]] = typer.Option(None, "--only", metavar="ID", help="Apply only this patch id (repeatable)."),
-    with_: Optional[List[str]] = typer.Option(
-        None, "--with", metavar="ID", help="Also apply this opt-in patch, and keep it from now on (repeatable)."
-    ),
+    with_: Optional[List[str]] = WithOptIn,
     dry_run: bool = typer.Option(
         False, "--dry-run", help="Run every check; print the unified diff on stdout (all else on stderr); write nothing."
     ),
@@ -153,9 +154,7 @@ def apply(
 def takeover(
     site_packages: Optional[Path] = SitePackages,
     python: Optional[str] = Python,
-    with_: Optional[List[str]] = typer.Option(
-        None, "--with", metavar="ID", help="Also apply this opt-in patch, and keep it from now on (repeatable)."
-    ),
+    with_: Optional[List[str]] = WithOptIn,
     dry_run: bool = typer.Option(
         False, "--dry-run", help="Show the whole plan: the unified diff on stdout, the rest on stderr; write nothing."
     ),
