@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import safetensors
 
 from patch_dsv4.doctor import safetensors as reader
 from patch_dsv4.doctor.safetensors import DTYPE_BITS, Budget, Shard, ShardError
@@ -31,6 +30,8 @@ def shard_bytes(header: bytes | str, payload: int = 0) -> bytes:
 
 
 def library_accepts(data: bytes) -> bool:
+    """Whether the safetensors library loads ``data``; the test asking skips alone where it is not installed."""
+    safetensors = pytest.importorskip("safetensors")
     try:
         safetensors.deserialize(data)
     except Exception:  # SafetensorError, and whatever the bindings raise on the way
