@@ -42,6 +42,8 @@ aux_stream_list = (
 """
 
 
+# The helpers below are written into vLLM as they stand here (edits.helper_source): not formatted.
+# fmt: off
 def _patch_dsv4_aux_streams_off():
     """Whether this process builds DeepSeek-V4 without vLLM's auxiliary CUDA streams.
 
@@ -52,6 +54,7 @@ def _patch_dsv4_aux_streams_off():
     import os
 
     return any(os.environ.get(name, "").strip() == "0" for name in ("PATCH_DSV4_AUX_STREAMS", "LNA_DSV4_AUX_STREAMS"))
+# fmt: on
 
 
 def _aux_stream_assignments(scope: ast.AST) -> list[ast.Assign]:
@@ -135,7 +138,7 @@ EXAMPLES = (
     Example(
         "streams-made-switchable",
         MTP,
-        before='''\
+        before="""\
 import torch
 
 
@@ -144,7 +147,7 @@ class DeepSeekV4MultiTokenPredictor(nn.Module):
         # Three aux streams shared across all MTP layers, mirroring DeepseekV4Model.
         aux_stream_list = [torch.cuda.Stream() for _ in range(3)]
         self.layers = build(aux_stream_list=aux_stream_list)
-''',
+""",
         after='''\
 import torch
 
@@ -174,11 +177,11 @@ class DeepSeekV4MultiTokenPredictor(nn.Module):
     Example(
         "upstream-made-them-optional",
         MTP,
-        before='''\
+        before="""\
 class DeepSeekV4MultiTokenPredictor(nn.Module):
     def __init__(self, *, vllm_config, prefix=""):
         aux_stream_list = None if envs.VLLM_DSV4_NO_AUX_STREAMS else [torch.cuda.Stream() for _ in range(3)]
-''',
+""",
         after=None,
         verdict=Verdict.UPSTREAM,
     ),

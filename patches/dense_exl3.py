@@ -43,6 +43,8 @@ ATTENTION_CLASS = "DeepseekV4Attention"
 
 
 # -- injected helpers ------------------------------------------------------------------------------------
+# The helpers below are written into vLLM as they stand here (edits.helper_source): not formatted.
+# fmt: off
 def _patch_dsv4_compressor_quant_config(vllm_config, prefix):
     """The quant config for a compressor's fused_wkv_wgate: None (vLLM's choice) unless EXL3 claims it.
 
@@ -138,6 +140,7 @@ def _patch_dsv4_indexer_kv_score(module, hidden_states):
     Written by patch-dsv4 (dense-exl3).
     """
     return _patch_dsv4_kv_score(module, hidden_states)
+# fmt: on
 
 
 # -- E(a): the compressor's quant config -----------------------------------------------------------------

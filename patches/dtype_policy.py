@@ -64,6 +64,8 @@ if self.wo_a.weight.dtype != torch.float8_e4m3fn:
 """ + ANCHOR.lstrip("\n")
 
 
+# The helpers below are written into vLLM as they stand here (edits.helper_source): not formatted.
+# fmt: off
 def _patch_dsv4_bf16_o_proj(layer, o, positions):
     """O projection for a wo_a that is not FP8: inverse RoPE, grouped einsum, wo_b.
 
@@ -83,6 +85,7 @@ def _patch_dsv4_bf16_o_proj(layer, o, positions):
         layer.wo_a,
     )
     return layer.wo_b(z.flatten(1))
+# fmt: on
 
 
 def _compares_wo_a_dtype_with_fp8(node: ast.AST) -> bool:
@@ -145,7 +148,11 @@ def _recipe_stock028(tree: ast.Module, scope: ast.AST | None) -> str | None:
     if scope is None or _names_injected(scope):
         return None
     for node in ast.walk(scope):
-        if isinstance(node, ast.If) and _compares_wo_a_dtype_with_fp8(node.test) and _calls(node, "rocm_inv_rope_einsum"):
+        if (
+            isinstance(node, ast.If)
+            and _compares_wo_a_dtype_with_fp8(node.test)
+            and _calls(node, "rocm_inv_rope_einsum")
+        ):
             return "_o_proj branches on wo_a.weight.dtype into rocm_inv_rope_einsum before deep_gemm_fp8_o_proj"
     return None
 
@@ -190,7 +197,7 @@ EXAMPLES = (
     Example(
         "fp8-only-projection",
         FLASHMLA,
-        before='''\
+        before="""\
 import torch
 
 from vllm.models.deepseek_v4.nvidia.ops.o_proj import deep_gemm_fp8_o_proj
@@ -230,7 +237,7 @@ class DeepseekV41FlashMLAAttention(DeepseekV4Attention):
             einsum_recipe=self._einsum_recipe,
             tma_aligned_scales=self._tma_aligned_scales,
         )
-''',
+""",
         after='''\
 import torch
 
@@ -300,20 +307,20 @@ class DeepseekV41FlashMLAAttention(DeepseekV4Attention):
     Example(
         "class-checks-dtype-itself",
         FLASHMLA,
-        before='''\
+        before="""\
 class DeepseekV4FlashMLAAttention(DeepseekV4Attention):
     def _o_proj(self, o, positions):
         if self.wo_a.weight.dtype == torch.float8_e4m3fn:
             return bf16_o_proj(o)
         return deep_gemm_fp8_o_proj(o, positions)
-''',
+""",
         after=None,
         verdict=Verdict.UPSTREAM,
     ),
     Example(
         "changed-call-drifts",
         FLASHMLA,
-        before='''\
+        before="""\
 class DeepseekV4FlashMLAAttention(DeepseekV4Attention):
     def _o_proj(self, o, positions):
         return deep_gemm_fp8_o_proj(
@@ -330,7 +337,7 @@ class DeepseekV4FlashMLAAttention(DeepseekV4Attention):
             einsum_recipe=self._einsum_recipe,
             tma_aligned_scales=True,
         )
-''',
+""",
         after=None,
         verdict=Verdict.DRIFTED,
     ),

@@ -35,6 +35,8 @@ MODEL = "vllm/models/deepseek_v4/nvidia/model.py"
 SLICE = "wo_a.slice"
 
 
+# The helpers below are written into vLLM as they stand here (edits.helper_source): not formatted.
+# fmt: off
 def _patch_dsv4_wo_a_slice_mapping(model):
     """stacked_params_mapping entries for an EXL3 wo_a stored per group (attn.wo_a.slice.G.*).
 
@@ -49,6 +51,7 @@ def _patch_dsv4_wo_a_slice_mapping(model):
         return []
     groups = int(getattr(model.config, "o_groups", 0) or 0)
     return [("attn.wo_a.", f"attn.wo_a.slice.{g}.", g) for g in range(groups)]
+# fmt: on
 
 
 ANCHOR = """
@@ -61,10 +64,13 @@ stacked_params_mapping = [
     ("compressor.fused_wkv_wgate", "compressor.wgate", 1),
 ]
 """
-REPLACEMENT = ANCHOR.strip("\n") + """
+REPLACEMENT = (
+    ANCHOR.strip("\n")
+    + """
 # patch-dsv4 (exl3-wo-a-slices): an EXL3 pack may store wo_a per group as wo_a.slice.G.
 stacked_params_mapping += _patch_dsv4_wo_a_slice_mapping(self)
 """
+)
 OWN = injected_names(REPLACEMENT)
 _LNA_SLICE = re.compile(r"attn\.wo_a\.slice\.(\d+)")
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 import ast
 
 from patch_dsv4.edits import ForeignEdit, ReplaceStatements, Variant
-from patch_dsv4.fingerprint import find_scope
 from patch_dsv4.patch import Context, Example, Patch, Scope
 from patch_dsv4.verdicts import Outcome, Verdict
 
@@ -36,6 +35,8 @@ TEXT_CLASS = "DeepseekV4ForCausalLM"
 VISION_CLASS = "DeepseekV4ForConditionalGeneration"
 
 
+# The helpers below are written into vLLM as they stand here (edits.helper_source): not formatted.
+# fmt: off
 def _patch_dsv4_vision_tower_prefixes():
     """Checkpoint prefixes of the vision tower of DeepSeek-V4-Flash-Vision packs.
 
@@ -57,6 +58,7 @@ def _patch_dsv4_gate_bias_without_home(name, params_dict):
     return name not in params_dict and name.endswith(
         (".ffn.gate.e_score_correction_bias", ".ffn.gate.bias_vl")
     )
+# fmt: on
 
 
 # -- the text class's AutoWeightsLoader: ignore the vision tower where it has no module
@@ -192,7 +194,9 @@ def _upstream_vision_tower(ctx: Context, tree: ast.Module | None) -> Outcome | N
     if init is None:
         return None
     assigned = {
-        ast.unparse(t) for node in ast.walk(init) if isinstance(node, (ast.Assign, ast.AnnAssign))
+        ast.unparse(t)
+        for node in ast.walk(init)
+        if isinstance(node, (ast.Assign, ast.AnnAssign))
         for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
     }
     if {"self.vision", "self.aligner"} <= assigned:
@@ -285,7 +289,7 @@ EXAMPLES = (
     Example(
         "dspark-gate-bias",
         DSPARK,
-        before='''\
+        before="""\
 class DSparkDeepseekV4ForCausalLM(nn.Module):
     def load_weights(self, weights):
         params_dict = dict(self.named_parameters())
@@ -294,7 +298,7 @@ class DSparkDeepseekV4ForCausalLM(nn.Module):
                 name = name.replace(".ffn.gate.bias", ".ffn.gate.e_score_correction_bias")
             param = params_dict[name]
             loaded_params.add(name)
-''',
+""",
         after='''\
 def _patch_dsv4_gate_bias_without_home(name, params_dict):
     """Whether ``name`` is a MoE gate bias this model has no parameter for.
@@ -325,21 +329,21 @@ class DSparkDeepseekV4ForCausalLM(nn.Module):
     Example(
         "dspark-changed-lookup-drifts",
         DSPARK,
-        before='''\
+        before="""\
 class DSparkDeepseekV4ForCausalLM(nn.Module):
     def load_weights(self, weights):
         for name, loaded_weight in weights:
             if name.endswith(".ffn.gate.bias"):
                 name = name.replace(".ffn.gate.bias", ".ffn.gate.e_score_correction_bias")
             param = params_dict.get(name)
-''',
+""",
         after=None,
         verdict=Verdict.DRIFTED,
     ),
     Example(
         "model-0.28",
         MODEL,
-        before='''\
+        before="""\
 class DeepseekV4Model(nn.Module):
     def load_weights(self, weights):
         for name, loaded_weight in weights:
@@ -359,7 +363,7 @@ class DeepseekV4ForCausalLM(nn.Module):
     def load_weights(self, weights):
         loader = AutoWeightsLoader(self, skip_substrs=["mtp."])
         return loader.load_weights(weights, mapper=self.hf_to_vllm_mapper)
-''',
+""",
         after='''\
 def _patch_dsv4_gate_bias_without_home(name, params_dict):
     """Whether ``name`` is a MoE gate bias this model has no parameter for.
@@ -416,7 +420,7 @@ class DeepseekV4ForCausalLM(nn.Module):
     Example(
         "model-0.29",
         MODEL,
-        before='''\
+        before="""\
 class DeepseekV4Model(nn.Module):
     def load_weights(self, weights):
         for name, loaded_weight in weights:
@@ -435,7 +439,7 @@ class DeepseekV4Model(nn.Module):
 class DeepseekV4ForCausalLM(nn.Module):
     def load_weights(self, weights):
         loader = AutoWeightsLoader(self)
-''',
+""",
         after='''\
 def _patch_dsv4_gate_bias_without_home(name, params_dict):
     """Whether ``name`` is a MoE gate bias this model has no parameter for.

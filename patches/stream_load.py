@@ -31,6 +31,8 @@ VISION_CLASS = "DeepseekV4ForConditionalGeneration"
 UPSTREAM_HELPER = "stream_language_model_first"
 
 
+# The helpers below are written into vLLM as they stand here (edits.helper_source): not formatted.
+# fmt: off
 def _patch_dsv4_stream_language_model_first(weights):
     """Yield ``language_model.*`` weights as they arrive, then the rest.
 
@@ -57,6 +59,7 @@ def _patch_dsv4_stream_language_model_first(weights):
     rest.reverse()
     while rest:
         yield rest.pop()
+# fmt: on
 
 
 def _upstream_streams(file: str):
@@ -138,7 +141,7 @@ EXAMPLES = (
     Example(
         "sorted-iterator",
         VL_MODEL,
-        before='''\
+        before="""\
 import torch
 
 
@@ -153,7 +156,7 @@ class DeepseekV4ForConditionalGeneration(torch.nn.Module):
     def other(self, mapped):
         mapped = iter(sorted(mapped, key=lambda x: x[0]))
         return mapped
-''',
+""",
         after='''\
 import torch
 
@@ -203,11 +206,11 @@ class DeepseekV4ForConditionalGeneration(torch.nn.Module):
     Example(
         "reformatted-anchor",
         VL_MODEL,
-        before='''\
+        before="""\
 class DeepseekV4ForConditionalGeneration:
     def load_weights(self, weights):
         mapped = iter(sorted(mapped,key=lambda x:(x[0])))  # sort by name
-''',
+""",
         after='''\
 def _patch_dsv4_stream_language_model_first(weights):
     """Yield ``language_model.*`` weights as they arrive, then the rest.
@@ -246,7 +249,7 @@ class DeepseekV4ForConditionalGeneration:
     Example(
         "upstream-streams",
         VL_MODEL,
-        before='''\
+        before="""\
 def stream_language_model_first(w):
     yield from w
 
@@ -254,18 +257,18 @@ def stream_language_model_first(w):
 class DeepseekV4ForConditionalGeneration:
     def load_weights(self, weights):
         mapped = stream_language_model_first(weights)
-''',
+""",
         after=None,
         verdict=Verdict.UPSTREAM,
     ),
     Example(
         "changed-key-drifts",
         VL_MODEL,
-        before='''\
+        before="""\
 class DeepseekV4ForConditionalGeneration:
     def load_weights(self, weights):
         mapped = iter(sorted(mapped, key=lambda x: x[1]))
-''',
+""",
         after=None,
         verdict=Verdict.DRIFTED,
     ),

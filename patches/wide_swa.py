@@ -87,6 +87,8 @@ else:
 """ + indent(ANCHOR, 4)
 
 
+# The helpers below are written into vLLM as they stand here (edits.helper_source): not formatted.
+# fmt: off
 def _patch_dsv4_wide_swa_takes_sliced_path(query, sparse_indices, extra_sparse_indices):
     """Whether this SM120 prefill call needs 128-wide slices.
 
@@ -248,6 +250,7 @@ def _patch_dsv4_wide_swa_sliced_prefill(
         out4[start:stop, 0].copy_(out_acc)
         merged_lse[start:stop] = lse_acc
     return merged_lse
+# fmt: on
 
 
 HELPERS = (
@@ -334,7 +337,8 @@ RECIPE_SLICER = "_sm120_sparse_mla_sliced_prefill"
 
 
 def _recipe_wide_swa(tree: ast.Module, scope: ast.AST | None) -> str | None:
-    """The DGX-Spark recipe's patch_dsv4_vl_sm120_wide_swa.py: the prefill loop calls its slicer, appended to the file."""
+    """The DGX-Spark recipe's patch_dsv4_vl_sm120_wide_swa.py: the prefill loop calls its slicer, appended to the
+    file."""
     calls = scope is not None and any(
         isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == RECIPE_SLICER
         for node in ast.walk(scope)
@@ -375,7 +379,7 @@ class WideSwa(Patch):
     )
 
 
-_SM120_PREFILL = '''\
+_SM120_PREFILL = """\
 import torch
 
 from vllm.utils.flashinfer import flashinfer_trtllm_batch_decode_sparse_mla_dsv4
@@ -416,9 +420,9 @@ class DeepseekV4FlashInferSM120Attention:
                 extra_sparse_indices=extra_sparse_indices_chunk,
                 extra_sparse_topk_lens=extra_sparse_lengths_chunk,
             )
-'''
+"""
 
-_SLICED_CALL = '''\
+_SLICED_CALL = """\
 import torch
 
 from vllm.utils.flashinfer import flashinfer_trtllm_batch_decode_sparse_mla_dsv4
@@ -477,7 +481,7 @@ class DeepseekV4FlashInferSM120Attention:
                     extra_sparse_indices=extra_sparse_indices_chunk,
                     extra_sparse_topk_lens=extra_sparse_lengths_chunk,
                 )
-'''
+"""
 
 EXAMPLES = (
     Example(
@@ -512,9 +516,10 @@ EXAMPLES = (
         "changed-call-drifts",
         FLASHINFER_SPARSE,
         before=_SM120_PREFILL.replace(
-            'q_chunk = q[query_start:query_end]\n            flashinfer_trtllm_batch_decode_sparse_mla_dsv4(\n',
-            'q_chunk = q[query_start:query_end]\n            flashinfer_trtllm_batch_decode_sparse_mla_dsv4(\n                kv_layout="HND",\n',
-        ).replace('                kv_layout="NHD",\n                swa_topk_lens', '                swa_topk_lens'),
+            "q_chunk = q[query_start:query_end]\n            flashinfer_trtllm_batch_decode_sparse_mla_dsv4(\n",
+            "q_chunk = q[query_start:query_end]\n            flashinfer_trtllm_batch_decode_sparse_mla_dsv4(\n"
+            '                kv_layout="HND",\n',
+        ).replace('                kv_layout="NHD",\n                swa_topk_lens', "                swa_topk_lens"),
         after=None,
         verdict=Verdict.DRIFTED,
         flashinfer_version="0.6.18.post1",
