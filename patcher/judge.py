@@ -1,18 +1,24 @@
 """Judging: every edit's verdict on a tree, and the files as the pending edits would leave them.
 
-Pure functions over a :class:`patch_dsv4.patch.Context`: nothing here writes.
+Pure functions over a :class:`patch_dsv4.patch.Context` (and, for a whole
+state, over :class:`patch_dsv4.reading.State`): nothing here writes.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
-from patch_dsv4.errors import TransformBug
+from patch_dsv4.errors import Refused, TransformBug
 from patch_dsv4.fingerprint import find_scope
 from patch_dsv4.patch import Context, Edit, Patch
 from patch_dsv4.resolve import check_injected, local_names
 from patch_dsv4.verdicts import EditReport, Outcome, PatchReport, Verdict, combine
+
+if TYPE_CHECKING:
+    from patch_dsv4.reading import State, StateView
+    from patch_dsv4.takeover import Restore
 
 
 @dataclass
@@ -207,8 +213,6 @@ def patch_report(patch: Patch, judgement: Judgement, edits: tuple[EditReport, ..
 def as_opt_in(reports: tuple[PatchReport, ...], patches: list[Patch], asked: set[str]) -> tuple[PatchReport, ...]:
     """An opt-in patch nobody asked for is reported as opt-in, whatever its scopes hold: verify and the guard
     ignore it. Another tool's edit there is named, with the command that takes it over."""
-    from dataclasses import replace
-
     opt = {p.id for p in patches if p.opt_in} - asked
     out = []
     for r in reports:
@@ -221,3 +225,113 @@ def as_opt_in(reports: tuple[PatchReport, ...], patches: list[Patch], asked: set
             r = replace(r, verdict=Verdict.OPT_IN, detail=f"opt-in: apply --with {r.id} to use it ({r.detail})")
         out.append(r)
     return tuple(out)
+
+
+# -- a state judged -------------------------------------------------------------------------
+@dataclass
+class Judged:
+    """A state judged once: the tree the command acts on, and what acting needs to know of it."""
+
+    now: Judgement  # the tree as it is (takeover: with pip's bytes where another tool's edit stood)
+    ctx: Context  # what ``now`` read
+    reports: tuple[PatchReport, ...]  # per patch, from ``now``; edits we wrote, since changed, are modified
+    base: Judgement | None = None  # files we wrote whose edits the patches now write differently, from backups
+    base_ctx: Context | None = None
+    found: Judgement | None = None  # takeover: the tree as it is, before any restore
+    restores: list[Restore] = field(default_factory=list)  # takeover: the files to restore, and their bytes
+
+
+def judge_state(state: State, takeover: bool = False, with_ids: frozenset[str] = frozenset()) -> Judged:
+    """Judge the tree of ``state`` for a report or a plan.
+
+    ``takeover`` judges it twice over: as it is, to find other tools' edits
+    (and the backups beside them that hold pip's bytes), then with those
+    bytes in place. Files we wrote whose edits drifted are judged again from
+    their backups (the release's bytes): where an edit is pending there, it is
+    ours as an older patch-dsv4 wrote it, and apply rewrites it.
+    """
+    from patch_dsv4.takeover import foreign_patches, plan_restores
+
+    patches, view = state.patches, state.view
+    found, restores, overlay = None, [], {}
+    if takeover:
+        found = judge(state.context(), patches, plan=False)
+        wanted = state.opt_in_kept | with_ids | foreign_patches(found)
+        # files apply would write but must refuse (not pip's bytes), where another tool's backup holds pip's
+        refused = {
+            edit.file
+            for p in patches
+            if not p.opt_in or p.id in wanted
+            for edit, outcome in found.outcomes[p.id]
+            if outcome.verdict is Verdict.PENDING and edit.file not in view.ours
+        }
+        also = [rel for rel in sorted(refused) if state.differs_from_record(rel)]
+        restores = plan_restores(found, state.pip_copy, also=also)
+        overlay = {r.relpath: r.data for r in restores if r.data is not None}
+    ctx = state.context(overlay)
+    now = judge(ctx, patches, plan=False)
+    ours_drifted = {
+        edit.file
+        for pairs in now.outcomes.values()
+        for edit, outcome in pairs
+        if outcome.verdict is Verdict.DRIFTED and edit.file in view.ours
+    }
+    base = base_ctx = None
+    if ours_drifted:
+        backups = {rel: state.backup(rel) for rel in sorted(ours_drifted)}
+        damaged = next((rel for rel, data in backups.items() if data is None), None)
+        if damaged is not None:
+            env = state.env
+            raise Refused(
+                f"the backup of {damaged} is missing or damaged", "",
+                f"{env.reinstall()}, then patch-dsv4 apply{env.target.args()}",
+            )
+        base_ctx = state.context(backups)
+        base = judge(base_ctx, patches, plan=False)
+    reports = state_reports(now, patches, view, base if view.kind == "current" else None)
+    return Judged(now, ctx, reports, base, base_ctx, found, restores)
+
+
+def state_reports(
+    judgement: Judgement, patches: list[Patch], view: StateView, base: Judgement | None = None
+) -> tuple[PatchReport, ...]:
+    """Each patch's report; an edit in a file we wrote that changed since is modified, and one whose ``base``
+    (the file's release bytes) has it pending is ours as an older patch-dsv4 wrote it: pending."""
+    outdated = _outdated_edits(judgement, patches, view, base)
+    reports = []
+    for patch in patches:
+        edits = []
+        for (edit, outcome), report in zip(
+            judgement.outcomes[patch.id], edit_reports(judgement.outcomes[patch.id]), strict=True
+        ):
+            if view.kind in ("current", "interrupted") and edit.file in view.modified:
+                entry = view.manifest.files[edit.file]
+                if patch.id in entry.patches:
+                    report = replace(
+                        report,
+                        verdict=Verdict.MODIFIED,
+                        detail=f"{edit.file} {view.modified[edit.file]} (was {outcome.verdict.value}: {outcome.detail})",
+                    )
+            elif (patch.id, edit.label) in outdated:
+                report = replace(
+                    report, verdict=Verdict.PENDING, detail=outdated[(patch.id, edit.label)], expected=None, found=None
+                )
+            edits.append(report)
+        reports.append(patch_report(patch, judgement, tuple(edits)))
+    return tuple(reports)
+
+
+def _outdated_edits(
+    judgement: Judgement, patches: list[Patch], view: StateView, base: Judgement | None
+) -> dict[tuple[str, str], str]:
+    """Our edits in files we wrote that the patches now write differently (a patch-dsv4 upgrade)."""
+    if base is None:
+        return {}
+    found = {}
+    for patch in patches:
+        for (edit, now), (_, planned) in zip(judgement.outcomes[patch.id], base.outcomes[patch.id], strict=True):
+            if edit.file in view.ours and now.verdict is Verdict.DRIFTED and planned.verdict is Verdict.PENDING:
+                found[(patch.id, edit.label)] = (
+                    f"{edit.label}: {edit.file} holds this edit as an older patch-dsv4 wrote it; apply rewrites it"
+                )
+    return found

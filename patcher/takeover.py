@@ -6,19 +6,25 @@ touch a file backs up what pip installed; a later script's backup of the same
 file holds the earlier script's edit. So a backup is chosen by its hash
 against pip's RECORD, never by its name: any regular file beside the edited
 one whose name starts with the file's name and whose sha256 is the one RECORD
-lists. Nothing here writes; :func:`patch_dsv4.commands.takeover` commits.
+lists. Nothing here writes: planning (:mod:`patch_dsv4.planning`) uses these, the transaction commits.
 """
 
 from __future__ import annotations
 
 import stat
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Iterable
+from typing import TYPE_CHECKING
 
 from patch_dsv4.environment import Environment, record_digest
 from patch_dsv4.fs import MAX_SOURCE_BYTES, UnsafePath
-from patch_dsv4.judge import Judgement
 from patch_dsv4.verdicts import Verdict
+
+if TYPE_CHECKING:
+    from patch_dsv4.judge import Judgement
+
+#: relpath -> (backup name, pip's bytes) of the sibling backup that holds what pip installed, or None
+PipCopy = Callable[[str], "tuple[str, bytes] | None"]
 
 
 @dataclass(frozen=True)
@@ -75,7 +81,7 @@ def record_backup(env: Environment, relpath: str) -> tuple[str, bytes] | None:
     return None
 
 
-def plan_restores(env: Environment, judgement: Judgement, also: Iterable[str] = ()) -> list[Restore]:
+def plan_restores(judgement: Judgement, pip_copy: PipCopy, also: Iterable[str] = ()) -> list[Restore]:
     """For each foreign-edited file, the backup that restores pip's bytes (or None where there is none).
 
     ``also`` are other files the patches edit that differ from RECORD: each is
@@ -85,10 +91,19 @@ def plan_restores(env: Environment, judgement: Judgement, also: Iterable[str] = 
     restores = []
     foreign = foreign_files(judgement)
     for relpath, scripts in foreign.items():
-        found = record_backup(env, relpath)
+        found = pip_copy(relpath)
         restores.append(Restore(relpath, found[0] if found else None, found[1] if found else None, scripts))
     for relpath in sorted(set(also) - set(foreign)):
-        found = record_backup(env, relpath)
+        found = pip_copy(relpath)
         if found is not None:
             restores.append(Restore(relpath, found[0], found[1], ("an edit patch-dsv4 does not recognise",)))
     return restores
+
+
+def takeover_next(env: Environment, judgement: Judgement, pip_copy: PipCopy) -> str:
+    """The one command that moves a tree with other tools' edits to ours: takeover, or a reinstall where no
+    backup holds pip's bytes."""
+    restores = plan_restores(judgement, pip_copy)
+    if restores and all(r.data is not None for r in restores):
+        return f"patch-dsv4 takeover{env.target.args()} (saves the edited files, restores pip's from their backups)"
+    return f"{env.reinstall()}, then patch-dsv4 apply{env.target.args()}"

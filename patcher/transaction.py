@@ -1,4 +1,4 @@
-"""The write transaction: all files of one apply or revert change, or none does.
+"""Committing: a plan carried out as one write transaction, all files of one apply or revert changed or none.
 
 An apply or a revert goes through three phases:
 
@@ -22,11 +22,15 @@ from __future__ import annotations
 import copy
 import stat
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from patch_dsv4.environment import Environment
 from patch_dsv4.errors import EnvironmentProblem, Refused
 from patch_dsv4.fs import Dir, Owner, UnsafePath, checkpoint, sha256_bytes
-from patch_dsv4.state import Manifest, StateStore
+from patch_dsv4.state import STATE_DIR, Manifest, StateStore
+
+if TYPE_CHECKING:
+    from patch_dsv4.planning import Plan
 
 
 class WriteFailed(EnvironmentProblem):
@@ -324,3 +328,55 @@ def _replay(env: Environment, store: StateStore, manifest: Manifest, source: str
             )
         st = env.tree.stat(relpath)
         _replace(env, relpath, data, Owner(st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)))
+
+
+# -- committing a plan ----------------------------------------------------------------------
+@dataclass
+class Committed:
+    """What committing a plan did beyond the plan itself: where edits were saved, and notes."""
+
+    saved_edits: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+
+
+def commit(plan: Plan) -> Committed:
+    """Carry out ``plan`` (call with the lock held, never with a refusal): save the files it saves, write its
+    files and its manifest, all or none, or remove the state it removes."""
+    state = plan.state
+    env, store = state.env, state.store
+    if plan.command == "revert":
+        if plan.previous is None:  # no state to revert: a stale one, or an empty directory, goes
+            if plan.remove_state:
+                store.remove()
+            elif store.remove_if_empty():
+                return Committed(notes=(f"removed the empty {STATE_DIR}/ an interrupted run left",))
+            return Committed()
+        saved = save_local_edits(env, store, plan.save)
+        write_revert(env, store, plan.previous, plan.new)
+        return Committed(tuple(saved))
+    if plan.remove_state:
+        store.remove()
+    if not plan.writes:
+        if plan.manifest is not None:
+            store.save(plan.manifest)
+        return Committed()
+    saved = save_local_edits(env, store, plan.save)
+    write_apply(env, store, plan.previous, plan.manifest, plan.new, originals=plan.originals)
+    return Committed(tuple(saved))
+
+
+def save_local_edits(env: Environment, store: StateStore, relpaths: list[str]) -> list[str]:
+    """Save each file (as it is now) in a fresh run directory under saved-edits/; where each was saved.
+
+    Each is read only where it resolves inside the package, and saved with its own owner and mode.
+    """
+    if not relpaths:
+        return []
+    copies = []
+    for relpath in relpaths:
+        try:
+            copies.append((relpath, *env.tree.read_contained(relpath)))
+        except UnsafePath as exc:
+            raise Refused(f"refusing to save {relpath}", exc.why or exc.what, env.reinstall()) from None
+    run = store.new_saved_edits_run()
+    return [str(store.save_local_edit(run, relpath, data, owner)) for relpath, data, owner in copies]

@@ -117,12 +117,12 @@ def test_lock_timeout_must_be_a_finite_number(value, make_tree, cli):
 
 
 def test_internal_error_is_one_line_exit_2(make_tree, cli, monkeypatch):
-    from patch_dsv4 import commands
+    from patch_dsv4 import judge
 
     def broken(*_args, **_kwargs):
         raise ZeroDivisionError("a bug")
 
-    monkeypatch.setattr(commands, "judge", broken)
+    monkeypatch.setattr(judge, "judge", broken)
     tree = make_tree("0.30.0")
     line = _error(cli("status", "--site-packages", tree), "internal error", "ZeroDivisionError", "report")
     assert "bug" in line

@@ -188,7 +188,7 @@ def test_markdown_report(make_tree, cli):
 @pytest.mark.parametrize("version,problem", [("0.28.0", False), ("0.29.0", True)])
 def test_injected_constructor_call_binds_to_the_release(version, problem, make_tree):
     """0.29.0 dropped AutoWeightsLoader's skip_substrs: injected code using it must not fit there."""
-    from patch_dsv4.commands import context_for
+    from patch_dsv4.reading import context_for
     from patch_dsv4.environment import locate_vllm
     from patch_dsv4.resolve import check_injected
 

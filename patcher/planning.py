@@ -1,0 +1,381 @@
+"""Planning: what apply or revert will write and record, as one value, from a judged state.
+
+A :class:`Plan` holds every file to write with its old and new bytes and the
+patches that own it, the manifest to record, the per-patch verdicts as they
+will stand on disk, the notes, and the refusal when there is one. The plan
+functions write nothing and read only through the :class:`State`; a dry run
+renders the plan, apply commits it (:func:`patch_dsv4.transaction.commit`), and
+the report is made from it (:mod:`patch_dsv4.reporting`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from patch_dsv4 import __version__
+from patch_dsv4.errors import EnvironmentProblem, Refused
+from patch_dsv4.fs import sha256_bytes
+from patch_dsv4.judge import Judged, Judgement, as_opt_in, judge, plan_files, state_reports
+from patch_dsv4.patch import Patch
+from patch_dsv4.quick import patch_digest
+from patch_dsv4.reading import NO_STATE, State, StateView, context_for
+from patch_dsv4.render import PACKAGE_PREFIX
+from patch_dsv4.state import FileEntry, Manifest
+from patch_dsv4.takeover import Restore, foreign_patches, takeover_next
+from patch_dsv4.verdicts import PatchReport, Verdict
+
+
+@dataclass(frozen=True)
+class Options:
+    """What the user asked of apply (or takeover)."""
+
+    only: frozenset[str] = frozenset()
+    with_: frozenset[str] = frozenset()
+    force: bool = False
+    takeover: bool = False
+    dry_run: bool = False
+
+    @property
+    def command(self) -> str:
+        return "takeover" if self.takeover else "apply"
+
+
+def options(
+    patches: list[Patch], only=None, with_=None, force: bool = False, takeover: bool = False, dry_run: bool = False
+) -> Options:
+    """The user's options, every patch id checked against the known ones."""
+    return Options(
+        frozenset(_known_ids(patches, only, "--only")), frozenset(_known_ids(patches, with_, "--with")),
+        force, takeover, dry_run,
+    )
+
+
+def _known_ids(patches: list[Patch], ids: list[str] | None, what: str) -> set[str]:
+    known = {p.id for p in patches}
+    unknown = [i for i in ids or () if i not in known]
+    if unknown:
+        raise EnvironmentProblem(
+            f"unknown patch id {', '.join(unknown)} ({what})", f"known: {', '.join(sorted(known))}", "patch-dsv4 list"
+        )
+    return set(ids or ())
+
+
+@dataclass
+class Plan:
+    """One apply or revert, decided: what it writes and records, and the report it will make."""
+
+    command: str  # "apply" | "takeover" | "revert"
+    state: State  # what it was planned from
+    reports: tuple[PatchReport, ...]  # the verdicts as judged (what a dry run shows, and a refusal)
+    notes: list[str]
+    refusal: Refused | None = None  # set: nothing is written, the command fails with it
+    old: dict[str, bytes | None] = field(default_factory=dict)  # each file to write, as it is now
+    new: dict[str, bytes] = field(default_factory=dict)  # ... and as it will be
+    owners: dict[str, list[str]] = field(default_factory=dict)  # each file to write -> the patches editing it
+    originals: dict[str, bytes] = field(default_factory=dict)  # backups that are not the file as it is (takeover)
+    restores: list[Restore] = field(default_factory=list)  # takeover: the other tools' files restored
+    save: list[str] = field(default_factory=list)  # files saved under saved-edits/ before anything is written
+    previous: Manifest | None = None  # the manifest on disk that the write replaces (restored if it fails)
+    manifest: Manifest | None = None  # the manifest to record (None: the state is not written)
+    remove_state: bool = False  # the state is removed first (stale, or revert)
+    after: tuple[PatchReport, ...] = ()  # the verdicts as they will stand on disk
+    installed_after: dict[str, str] = field(default_factory=dict)  # files ours after the write -> pip's sha256
+    summary: str = ""
+
+    @property
+    def writes(self) -> bool:
+        return bool(self.new)
+
+
+# -- apply ------------------------------------------------------------------------------
+def plan_apply(state: State, judged: Judged, opts: Options, notes: list[str]) -> Plan:
+    """The plan of ``apply`` (or ``takeover``) with ``opts`` on the judged ``state``; ``notes`` so far."""
+    env, view, patches = state.env, state.view, state.patches
+    command = opts.command
+    notes = list(notes)
+    if opts.dry_run and view.kind == "interrupted":
+        notes.append("an interrupted apply or revert is pending: apply would finish it first")
+    notes += state_notes(view)
+    with_ids = set(opts.with_)
+    if opts.takeover:
+        missing = next((r for r in judged.restores if r.data is None), None)
+        if missing is not None:
+            return Plan(command, state, (), notes, refusal=Refused(
+                f"cannot take over {missing.relpath} from {', '.join(missing.scripts)}",
+                "no backup beside it holds what pip installed (its sha256 in RECORD)",
+                f"{env.reinstall()}, then patch-dsv4 apply{env.target.args()}",
+            ))
+        for r in judged.restores:
+            notes.append(f"{r.relpath}: restores pip's bytes from {r.backup} (edited by {', '.join(r.scripts)})")
+        if not judged.restores:
+            notes.append("no other tool's edit was found: nothing to take over")
+        taken = foreign_patches(judged.found) & {p.id for p in patches if p.opt_in}
+        if taken - with_ids - state.opt_in_kept:
+            notes.append(f"takes over the opt-in {', '.join(sorted(taken))} too, as the other tool's edit was in use")
+        with_ids |= taken
+    restored = {r.relpath: r.data for r in judged.restores}
+    asked = state.opt_in_kept | with_ids
+    chosen = {
+        p.id for p in patches if (not p.opt_in or p.id in asked) and (not opts.only or p.id in opts.only | with_ids)
+    }
+    reports = as_opt_in(judged.reports, patches, asked)
+    notes += unrecorded_notes(judged.now, view, restored)
+    plan = Plan(command, state, reports, notes, restores=list(judged.restores))
+
+    blocked = [r for r in reports if r.id in chosen and r.verdict in (Verdict.DRIFTED, Verdict.MODIFIED, Verdict.FOREIGN)]
+    if blocked:
+        plan.refusal = _refusal(state, judged.now, blocked, chosen)
+        return plan
+    planned, owners, drifted = _planned_files(state, judged, chosen)
+    if drifted is not None:
+        plan.refusal = drifted
+        return plan
+    for relpath, data in restored.items():
+        planned.setdefault(relpath, data)
+    current = {rel: state.bytes_of(rel) for rel in planned}
+    plan.new = {rel: data for rel, data in planned.items() if data != current[rel]}
+    plan.old = {rel: current[rel] for rel in plan.new}
+    plan.owners = {rel: owners.get(rel, []) for rel in plan.new}
+    if not opts.force:
+        plan.refusal = _unrecorded_write(state, plan, restored)
+        if plan.refusal is not None:
+            return plan
+
+    new_opt_in = sorted(with_ids - state.opt_in_kept)
+    if not plan.new and not (new_opt_in and view.kind == "current"):
+        # nothing to write; a dry run records nothing either
+        plan.summary = "nothing to do"
+        if opts.dry_run:
+            return plan
+        if view.kind == "stale":
+            plan.remove_state = True
+            notes.append("removed the stale state")
+        elif view.kind == "current" and not view.modified and not state.recorded_judgement_holds():
+            plan.manifest = _refreshed_manifest(state)
+            if plan.manifest is not None:
+                notes.append("recorded this build's verdicts for verify and the serve guard")
+        return plan
+
+    plan.save = [r.relpath for r in judged.restores]
+    plan.originals = restored
+    plan.previous = view.manifest if view.kind == "current" else None
+    plan.remove_state = view.kind == "stale"
+    manifest = Manifest(vllm_version=env.vllm_version, tool_version=__version__)
+    if plan.previous is not None:
+        manifest.files = _copied_files(plan.previous)
+    manifest.opt_in = sorted(asked & {p.id for p in patches if p.opt_in})
+    for relpath, data in plan.new.items():
+        entry = manifest.files.get(relpath)
+        if entry is None:
+            before = restored.get(relpath, current[relpath])
+            entry = manifest.files[relpath] = FileEntry(before=sha256_bytes(before), after="", patches=[])
+        entry.after = sha256_bytes(data)
+        entry.patches = sorted(set(entry.patches) | set(plan.owners[relpath]))
+    plan.after = _record_judgement(state, manifest, plan.new)
+    plan.manifest = manifest
+    ours_after = set(plan.new) | (view.ours & set(manifest.files))
+    plan.installed_after = {rel: manifest.files[rel].before for rel in ours_after}
+    taken = f"took over {len(judged.restores)} file(s), " if opts.takeover else ""
+    plan.summary = f"{taken}patched {len(plan.new)} file(s)"
+    return plan
+
+
+def _planned_files(
+    state: State, judged: Judged, chosen: set[str]
+) -> tuple[dict[str, bytes], dict[str, list[str]], Refused | None]:
+    """The new bytes of every file the chosen patches change, which patches own each file, and the refusal when
+    a chosen patch is drifted where it is planned.
+
+    Planned from the judgement; files we wrote whose edits the patches now
+    write differently are planned from their backups (the release's bytes),
+    with every patch we applied to them.
+    """
+    env, view = state.env, state.view
+    wanted = set(chosen)
+    if judged.base is not None:
+        for pairs in judged.now.outcomes.values():
+            for edit, outcome in pairs:
+                if outcome.verdict is Verdict.DRIFTED and edit.file in view.ours:
+                    wanted.update(view.manifest.files[edit.file].patches)
+        source, ctx = judged.base, judged.base_ctx
+    else:
+        source, ctx = judged.now, judged.ctx
+    planned = plan_files(ctx, source, wanted)
+    owners: dict[str, list[str]] = {}
+    for patch in state.patches:
+        if patch.id not in wanted:
+            continue
+        for edit, outcome in source.outcomes[patch.id]:
+            if outcome.verdict is Verdict.PENDING:
+                owners.setdefault(edit.file, [])
+                if patch.id not in owners[edit.file]:
+                    owners[edit.file].append(patch.id)
+            elif outcome.verdict is Verdict.DRIFTED:
+                why = Refused(f"refusing to apply: {patch.id} is drifted", outcome.detail,
+                              f"patch-dsv4 status{env.target.args()}")
+                return planned, owners, why
+    return planned, owners, None
+
+
+def _unrecorded_write(state: State, plan: Plan, restored: dict[str, bytes]) -> Refused | None:
+    """Without --force, a file apply would write must be what pip installed (or what we wrote)."""
+    from patch_dsv4.environment import record_digest
+
+    env = state.env
+    for relpath in plan.new:
+        if relpath in state.view.ours or relpath in restored:
+            continue
+        recorded = env.recorded_hash(relpath)
+        if recorded != record_digest(plan.old[relpath] or b""):
+            why = "not listed in RECORD" if recorded is None else "its sha256 differs from RECORD"
+            return Refused(
+                f"refusing to patch {relpath}",
+                f"{why} (changed by hand, or another tool patched it)",
+                f"{env.reinstall()}; or apply --force to patch it as it is",
+            )
+    return None
+
+
+def _refusal(state: State, judgement: Judgement, blocked: list[PatchReport], chosen: set[str]) -> Refused:
+    """Why apply will not write, in a few words, and the one command that gets past it."""
+    env = state.env
+    first = blocked[0]
+    if first.verdict is Verdict.MODIFIED:
+        edited = sorted(f for f in first.files if f in {e.file for e in first.edits if e.verdict is Verdict.MODIFIED})
+        return Refused(
+            f"refusing to apply: {first.id} is modified",
+            f"{edited[0] if edited else 'a file'} changed since patch-dsv4 wrote it",
+            f"patch-dsv4 revert --discard-local-edits{env.target.args()} (saves your edit first), then apply",
+        )
+    if first.verdict is Verdict.FOREIGN:
+        edit = next(e for e in first.edits if e.verdict is Verdict.FOREIGN)
+        return Refused(
+            f"refusing to apply: {first.id} holds another tool's edit ({first.foreign})",
+            f"in {edit.file.replace(PACKAGE_PREFIX, '')}; patch-dsv4 never writes its edit behind another",
+            takeover_next(env, judgement, state.pip_copy),
+        )
+    edit = next((e for e in first.edits if e.verdict is first.verdict), None)
+    why = edit.detail if edit is not None else first.detail
+    others = "; apply the others with --only" if len(blocked) < len(chosen) else ""
+    if edit is not None and "cannot be judged" in edit.detail:
+        return Refused(
+            f"refusing to apply: {first.id} cannot be judged", why.replace(PACKAGE_PREFIX, ""),
+            f"{env.reinstall()}, then patch-dsv4 apply{env.target.args()}",
+        )
+    return Refused(
+        f"refusing to apply: {first.id} is drifted", why.replace(PACKAGE_PREFIX, ""),
+        f"patch-dsv4 status -v{env.target.args()}{others}",
+    )
+
+
+def _copied_files(manifest: Manifest) -> dict[str, FileEntry]:
+    """The file table of ``manifest``, copied (a new manifest starts from it and may change its entries)."""
+    return {rel: FileEntry(e.before, e.after, list(e.patches)) for rel, e in manifest.files.items()}
+
+
+def _refreshed_manifest(state: State) -> Manifest | None:
+    """The manifest with this build's judgement (another patch-dsv4, or another FlashInfer, made the last), or
+    None when it is what is recorded already (an apply with nothing to do writes nothing twice).
+
+    Without it, verify and the guard judge in full on every run until a file changes.
+    """
+    previous = state.view.manifest
+    manifest = Manifest(vllm_version=state.env.vllm_version, tool_version=__version__, opt_in=list(previous.opt_in))
+    manifest.files = _copied_files(previous)
+    _record_judgement(state, manifest, {})
+    return None if manifest.to_json() == previous.to_json() else manifest
+
+
+def _record_judgement(state: State, manifest: Manifest, planned: dict[str, bytes]) -> tuple[PatchReport, ...]:
+    """The verdicts of the tree as the plan leaves it (judged as every judgement is), kept in ``manifest`` for
+    verify's fast path and the guard, with the hash of every file that judgement read."""
+    env = state.env
+    ctx = state.context(planned)
+    judgement = judge(ctx, state.patches, plan=False)
+    reports = as_opt_in(state_reports(judgement, state.patches, NO_STATE), state.patches, set(manifest.opt_in))
+    manifest.verdicts = {
+        r.id: {
+            "title": r.title, "verdict": r.verdict.value, "files": list(r.files), "detail": r.detail,
+            "edits": [e.to_json() for e in r.edits],
+        }
+        for r in reports
+    }
+    manifest.inputs = {
+        rel: (sha256_bytes(planned[rel]) if rel in planned else env.sha256(rel)) for rel in ctx.files_read()
+    }
+    manifest.flashinfer = {"version": env.flashinfer_version, "source": env.flashinfer_source}
+    manifest.patch_digest = patch_digest()
+    return reports
+
+
+# -- revert -----------------------------------------------------------------------------
+def judge_reverted(state: State) -> tuple[PatchReport, ...]:
+    """The verdicts of the tree as revert leaves it: every file we wrote back to its backup's bytes."""
+    restore = {rel: data for rel in _to_restore(state) if (data := state.backup(rel)) is not None}
+    ctx = context_for(state.env, NO_STATE, restore, trust_overlay=False)
+    judgement = judge(ctx, state.patches, plan=False)
+    return as_opt_in(state_reports(judgement, state.patches, NO_STATE), state.patches, set())
+
+
+def _to_restore(state: State) -> list[str]:
+    view = state.view
+    if view.kind in ("none", "stale"):
+        return []
+    # a file reinstalled since holds the release's own bytes already
+    return [rel for rel in view.manifest.files if rel in view.ours or rel in view.modified]
+
+
+def plan_revert(state: State, reverted: tuple[PatchReport, ...], discard_local_edits: bool, notes: list[str]) -> Plan:
+    """The plan of ``revert``: every file we wrote back to its backup, the state removed; ``reverted`` are the
+    verdicts of the tree it leaves."""
+    env, view = state.env, state.view
+    notes = [*notes, *state_notes(view)]
+    plan = Plan("revert", state, reverted, notes, after=reverted)
+    if view.kind in ("none", "stale"):
+        plan.summary = "nothing to revert"
+        plan.remove_state = view.kind == "stale"
+        if plan.remove_state:
+            notes.append("restored nothing from the stale state and removed it")
+        return plan
+    if view.modified and not discard_local_edits:
+        relpath = sorted(view.modified)[0]
+        plan.refusal = Refused(
+            f"refusing to revert: {relpath} {view.modified[relpath]}",
+            "restoring it would lose that edit",
+            f"patch-dsv4 revert --discard-local-edits{env.target.args()} (saves your edit first)",
+        )
+        return plan
+    for relpath in _to_restore(state):
+        backup = state.backup(relpath)
+        if backup is None:
+            plan.refusal = Refused(
+                f"refusing to revert {relpath}", "its backup is missing or does not match the recorded hash",
+                env.reinstall(),
+            )
+            return plan
+        plan.new[relpath] = backup
+        plan.old[relpath] = state.bytes_of(relpath)
+        plan.owners[relpath] = list(view.manifest.files[relpath].patches)
+    plan.previous = view.manifest
+    plan.save = sorted(view.modified)
+    plan.summary = f"restored {len(plan.new)} file(s)"
+    plan.installed_after = {rel: view.manifest.files[rel].before for rel in plan.new}
+    return plan
+
+
+# -- notes --------------------------------------------------------------------------------
+def state_notes(view: StateView) -> list[str]:
+    if view.kind == "stale":
+        return [f"state written for vLLM {view.manifest.vllm_version} is stale: its backups will never be restored"]
+    if view.kind == "interrupted":
+        return ["an earlier apply or revert was interrupted; the next apply or revert finishes it"]
+    return []
+
+
+def unrecorded_notes(judgement: Judgement, view: StateView, restored: dict[str, bytes] | None = None) -> list[str]:
+    """A file that is not what pip installed, said once: it changes no verdict, but guards the writes."""
+    return [
+        f"{why}: each patch is judged from its own code there; apply writes it only with --force"
+        for rel, why in judgement.unrecorded.items()
+        if rel not in view.ours and rel not in (restored or {})
+    ]

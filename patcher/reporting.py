@@ -1,0 +1,98 @@
+"""Reports: the :class:`patch_dsv4.verdicts.Report` each command returns, made from its judged state or its plan
+(the CLI renders it: :mod:`patch_dsv4.render`)."""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import replace
+
+from patch_dsv4.errors import EXIT_OK
+from patch_dsv4.judge import Judged, as_opt_in
+from patch_dsv4.planning import Plan, state_notes, unrecorded_notes
+from patch_dsv4.reading import State
+from patch_dsv4.takeover import takeover_next
+from patch_dsv4.transaction import Committed
+from patch_dsv4.verdicts import PatchReport, Report, Verdict, next_step, summary_line
+
+
+def report(
+    state: State, command: str, reports: tuple[PatchReport, ...], kind: str, extra: str = "", changed=(),
+    diff: str | None = None, notes=(), backups: bool = True,
+) -> Report:
+    env = state.env
+    store = state.store
+    return Report(
+        command=command,
+        target=str(env.site_packages),
+        vllm_version=env.vllm_version,
+        flashinfer_version=env.flashinfer_version,
+        flashinfer_source=env.flashinfer_source,
+        patches=reports,
+        state=kind,
+        exit_code=EXIT_OK,
+        summary=summary_line(command, reports, extra),
+        changed_files=tuple(changed),
+        diff=diff,
+        notes=tuple(notes),
+        backups=str(store.dir_path / "backups") if backups and store.manifest_exists() else None,
+    )
+
+
+def status_report(state: State, judged: Judged, command: str = "status") -> Report:
+    """The verdicts of the state as judged; the way out named where another tool's edit stands."""
+    reports = as_opt_in(judged.reports, state.patches, state.opt_in_kept)
+    notes = [*state_notes(state.view), *unrecorded_notes(judged.now, state.view)]
+    out = report(state, command, reports, state.kind, notes=notes)
+    bad = [r for r in reports if r.verdict.needs_action]
+    if any(r.verdict is Verdict.FOREIGN for r in bad):  # the way out is not apply: say which it is
+        foreign_next = takeover_next(state.env, judged.now, state.pip_copy)
+        out = replace(out, next_step=next_step(state.env.target.args(), bad, foreign_next))
+    return replace(out, build=state.build_identity())
+
+
+def dry_run_report(plan: Plan) -> Report:
+    """What apply would do: the verdicts as judged, and the plan's files as one unified diff."""
+    state = plan.state
+    diff = b"".join(unified_diff(rel, plan.old[rel] or b"", data) for rel, data in plan.new.items())
+    out = report(
+        state, plan.command, plan.reports, state.kind, f"dry run, {len(plan.new)} file(s) would change",
+        diff=diff.decode("utf-8", "surrogateescape"), notes=plan.notes,
+    )
+    return replace(out, build=state.build_identity())
+
+
+def committed_report(plan: Plan, committed: Committed) -> Report:
+    """What apply or revert did: the plan's verdicts as they now stand on disk."""
+    state = plan.state
+    notes = [*plan.notes, *committed.notes]
+    if plan.command == "revert":
+        kind = state.kind if plan.previous is None else "none"
+        out = report(state, "revert", plan.after, kind, plan.summary, sorted(plan.new), notes=notes, backups=False)
+        return replace(out, saved_edits=committed.saved_edits, build=state.build_identity(plan.installed_after))
+    if not plan.writes:
+        out = report(state, plan.command, plan.reports, state.kind, plan.summary, notes=notes)
+        return replace(out, build=state.build_identity())
+    out = report(state, plan.command, plan.after, "current", plan.summary, changed=plan.new, notes=notes)
+    return replace(out, build=state.build_identity(plan.installed_after), saved_edits=committed.saved_edits)
+
+
+def unified_diff(relpath: str, old: bytes, new: bytes) -> bytes:
+    """The change of one file as a unified diff that ``patch -p1`` applies inside the site directory, byte for byte.
+
+    Diffed as bytes (any encoding, CRLF kept); a last line without a newline is marked as diff marks it.
+    """
+    lines = difflib.diff_bytes(
+        difflib.unified_diff,
+        old.splitlines(keepends=True),
+        new.splitlines(keepends=True),
+        f"a/{relpath}".encode(),
+        f"b/{relpath}".encode(),
+    )
+    out = []
+    for line in lines:
+        if line.startswith((b"---", b"+++")) and not line.endswith(b"\n"):
+            line += b"\n"
+        out.append(line)
+        if not line.endswith(b"\n"):
+            out.append(b"\n\\ No newline at end of file\n")
+    return b"".join(out)
