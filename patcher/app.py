@@ -9,7 +9,6 @@ from __future__ import annotations
 import enum
 import sys
 from pathlib import Path
-from typing import List, Optional
 
 import typer
 
@@ -33,17 +32,24 @@ class Format(str, enum.Enum):
 
 
 SitePackages = typer.Option(
-    None, "--site-packages", metavar="DIR", help="A directory holding vllm/ and its dist-info (e.g. a pip --target dir)."
+    None,
+    "--site-packages",
+    metavar="DIR",
+    help="A directory holding vllm/ and its dist-info (e.g. a pip --target dir).",
 )
 Python = typer.Option(None, "--python", metavar="EXE", help="Act on the environment of this Python interpreter.")
-FormatOption = typer.Option(Format.table, "--format", metavar="FORMAT", help="How to write the report: table, json or markdown.")
+FormatOption = typer.Option(
+    Format.table, "--format", metavar="FORMAT", help="How to write the report: table, json or markdown."
+)
 JsonFlag = typer.Option(False, "--json", help="Short for --format json: one JSON document on stdout.")
 Verbose = typer.Option(False, "-v", "--verbose", help="Show the evidence of every verdict.")
 Quiet = typer.Option(False, "-q", "--quiet", help="Print only the closing line (and errors).")
 WithOptIn = typer.Option(
     None, "--with", metavar="ID", help="Also apply this opt-in patch, and keep it from now on (repeatable)."
 )
-LockTimeout = typer.Option(300.0, "--lock-timeout", metavar="SECONDS", help="Seconds to wait for the environment's lock.")
+LockTimeout = typer.Option(
+    300.0, "--lock-timeout", metavar="SECONDS", help="Seconds to wait for the environment's lock."
+)
 
 
 def _format(fmt: Format, as_json: bool) -> str:
@@ -54,7 +60,7 @@ def _verbosity(verbose: bool, quiet: bool) -> int:
     return -1 if quiet else (1 if verbose else 0)
 
 
-def _environment(site_packages: Optional[Path], python: Optional[str]):
+def _environment(site_packages: Path | None, python: str | None):
     from patch_dsv4.environment import locate_vllm
 
     return locate_vllm(site_packages, python)
@@ -92,7 +98,8 @@ def list_patches(fmt: Format = FormatOption, as_json: bool = JsonFlag) -> None:
     fmt_name = _format(fmt, as_json)
     if fmt_name == "json":
         data = [
-            {"id": p.id, "title": p.title, "why": p.why(), "opt_in": p.opt_in, "files": list(p.files())} for p in patches
+            {"id": p.id, "title": p.title, "why": p.why(), "opt_in": p.opt_in, "files": list(p.files())}
+            for p in patches
         ]
         write_json({"schema": JSON_SCHEMA, "command": "list", "exit_code": 0, "error": None, "patches": data})
         return
@@ -109,8 +116,8 @@ def list_patches(fmt: Format = FormatOption, as_json: bool = JsonFlag) -> None:
 
 @app.command()
 def status(
-    site_packages: Optional[Path] = SitePackages,
-    python: Optional[str] = Python,
+    site_packages: Path | None = SitePackages,
+    python: str | None = Python,
     fmt: Format = FormatOption,
     as_json: bool = JsonFlag,
     verbose: bool = Verbose,
@@ -126,14 +133,18 @@ def status(
 
 @app.command()
 def apply(
-    site_packages: Optional[Path] = SitePackages,
-    python: Optional[str] = Python,
-    only: Optional[List[str]] = typer.Option(None, "--only", metavar="ID", help="Apply only this patch id (repeatable)."),
-    with_: Optional[List[str]] = WithOptIn,
+    site_packages: Path | None = SitePackages,
+    python: str | None = Python,
+    only: list[str] | None = typer.Option(None, "--only", metavar="ID", help="Apply only this patch id (repeatable)."),
+    with_: list[str] | None = WithOptIn,
     dry_run: bool = typer.Option(
-        False, "--dry-run", help="Run every check; print the unified diff on stdout (all else on stderr); write nothing."
+        False,
+        "--dry-run",
+        help="Run every check; print the unified diff on stdout (all else on stderr); write nothing.",
     ),
-    force: bool = typer.Option(False, "--force", help="Also patch files that differ from their RECORD hash, as they are."),
+    force: bool = typer.Option(
+        False, "--force", help="Also patch files that differ from their RECORD hash, as they are."
+    ),
     lock_timeout: float = LockTimeout,
     fmt: Format = FormatOption,
     as_json: bool = JsonFlag,
@@ -152,9 +163,9 @@ def apply(
 
 @app.command()
 def takeover(
-    site_packages: Optional[Path] = SitePackages,
-    python: Optional[str] = Python,
-    with_: Optional[List[str]] = WithOptIn,
+    site_packages: Path | None = SitePackages,
+    python: str | None = Python,
+    with_: list[str] | None = WithOptIn,
     dry_run: bool = typer.Option(
         False, "--dry-run", help="Show the whole plan: the unified diff on stdout, the rest on stderr; write nothing."
     ),
@@ -181,8 +192,8 @@ def takeover(
 
 @app.command()
 def verify(
-    site_packages: Optional[Path] = SitePackages,
-    python: Optional[str] = Python,
+    site_packages: Path | None = SitePackages,
+    python: str | None = Python,
     fmt: Format = FormatOption,
     as_json: bool = JsonFlag,
     verbose: bool = Verbose,
@@ -198,8 +209,8 @@ def verify(
 
 @app.command()
 def revert(
-    site_packages: Optional[Path] = SitePackages,
-    python: Optional[str] = Python,
+    site_packages: Path | None = SitePackages,
+    python: str | None = Python,
     discard_local_edits: bool = typer.Option(
         False,
         "--discard-local-edits",
@@ -215,17 +226,24 @@ def revert(
     from patch_dsv4 import commands
 
     env = _environment(site_packages, python)
-    report = commands.revert(env, lock_timeout=lock_timeout, discard_local_edits=discard_local_edits, on_wait=_lock_wait)
+    report = commands.revert(
+        env, lock_timeout=lock_timeout, discard_local_edits=discard_local_edits, on_wait=_lock_wait
+    )
     _finish(report, _format(fmt, as_json), _verbosity(verbose, quiet))
 
 
 @app.command()
 def doctor(
-    site_packages: Optional[Path] = SitePackages,
-    python: Optional[str] = Python,
-    pack: Optional[Path] = typer.Option(None, "--pack", metavar="DIR", help="The pack directory (config.json and the shards)."),
-    serve_args: Optional[str] = typer.Option(
-        None, "--serve-args", metavar="ARGS", help='The intended vllm serve arguments, e.g. "--tensor-parallel-size 8 --max-model-len 65536".'
+    site_packages: Path | None = SitePackages,
+    python: str | None = Python,
+    pack: Path | None = typer.Option(
+        None, "--pack", metavar="DIR", help="The pack directory (config.json and the shards)."
+    ),
+    serve_args: str | None = typer.Option(
+        None,
+        "--serve-args",
+        metavar="ARGS",
+        help='The intended vllm serve arguments, e.g. "--tensor-parallel-size 8 --max-model-len 65536".',
     ),
     fix_config: bool = typer.Option(
         False, "--fix-config", help="Write the config.json edits the failing rows ask for (the original is kept)."
@@ -238,21 +256,31 @@ def doctor(
     """Will this environment serve this pack? Checked from files, before a 95 GB load."""
     from patch_dsv4.doctor.run import doctor_command
 
-    code = doctor_command(site_packages, python, pack, serve_args, fix_config, _format(fmt, as_json),
-                          _verbosity(verbose, quiet))
+    code = doctor_command(
+        site_packages, python, pack, serve_args, fix_config, _format(fmt, as_json), _verbosity(verbose, quiet)
+    )
     raise typer.Exit(code)
 
 
 # -- drift and anchors: judge a release without installing it ----------------------------
-CacheDir = typer.Option(None, "--cache-dir", metavar="DIR", help="Where fetched wheels are kept (default ~/.cache/patch-dsv4/wheels).")
-PipOption = typer.Option(None, "--pip-option", metavar="OPTION", help="Pass this option to pip download (repeatable), e.g. --pip-option=--pre.")
+CacheDir = typer.Option(
+    None, "--cache-dir", metavar="DIR", help="Where fetched wheels are kept (default ~/.cache/patch-dsv4/wheels)."
+)
+PipOption = typer.Option(
+    None,
+    "--pip-option",
+    metavar="OPTION",
+    help="Pass this option to pip download (repeatable), e.g. --pip-option=--pre.",
+)
 
 
 def _release_target(vllm_version, wheel, source, flashinfer_version, cache_dir, pip_options):
     from patch_dsv4 import release_target as rt
 
     if wheel is not None and (source is not None or vllm_version is not None):
-        raise PatcherError("--wheel takes no --source or --vllm-version", "the wheel names its release", "pass one of them")
+        raise PatcherError(
+            "--wheel takes no --source or --vllm-version", "the wheel names its release", "pass one of them"
+        )
     if wheel is not None:
         return rt.open_wheel(wheel, flashinfer_version)
     if source is not None:
@@ -267,17 +295,25 @@ def _release_target(vllm_version, wheel, source, flashinfer_version, cache_dir, 
 
 @app.command()
 def drift(
-    vllm_version: Optional[str] = typer.Option(
-        None, "--vllm-version", metavar="VERSION", help="Fetch this release's wheel with pip (with --source: that tree's version)."
+    vllm_version: str | None = typer.Option(
+        None,
+        "--vllm-version",
+        metavar="VERSION",
+        help="Fetch this release's wheel with pip (with --source: that tree's version).",
     ),
-    wheel: Optional[Path] = typer.Option(None, "--wheel", metavar="FILE", help="Judge this vLLM wheel file."),
-    source: Optional[Path] = typer.Option(None, "--source", metavar="DIR", help="Judge this source tree (the directory holding vllm/)."),
-    flashinfer_version: Optional[str] = typer.Option(
-        None, "--flashinfer-version", metavar="VERSION", help="Judge with this FlashInfer release instead of the one vLLM pins."
+    wheel: Path | None = typer.Option(None, "--wheel", metavar="FILE", help="Judge this vLLM wheel file."),
+    source: Path | None = typer.Option(
+        None, "--source", metavar="DIR", help="Judge this source tree (the directory holding vllm/)."
+    ),
+    flashinfer_version: str | None = typer.Option(
+        None,
+        "--flashinfer-version",
+        metavar="VERSION",
+        help="Judge with this FlashInfer release instead of the one vLLM pins.",
     ),
     strict: bool = typer.Option(False, "--strict", help="Also exit 1 on a new (unrecorded) fingerprint."),
-    cache_dir: Optional[Path] = CacheDir,
-    pip_options: Optional[List[str]] = PipOption,
+    cache_dir: Path | None = CacheDir,
+    pip_options: list[str] | None = PipOption,
     fmt: Format = FormatOption,
     as_json: bool = JsonFlag,
     verbose: bool = Verbose,
@@ -297,11 +333,15 @@ app.add_typer(anchors_app, name="anchors")
 
 @anchors_app.command("record")
 def anchors_record(
-    vllm_versions: Optional[List[str]] = typer.Option(None, "--vllm-version", metavar="VERSION", help="Record this release (repeatable)."),
+    vllm_versions: list[str] | None = typer.Option(
+        None, "--vllm-version", metavar="VERSION", help="Record this release (repeatable)."
+    ),
     record_all: bool = typer.Option(False, "--all", help="Re-record every release anchors/ already holds."),
-    cache_dir: Optional[Path] = CacheDir,
-    pip_options: Optional[List[str]] = PipOption,
-    out: Optional[Path] = typer.Option(None, "--out", metavar="DIR", help="Write here instead of the anchors/ package directory."),
+    cache_dir: Path | None = CacheDir,
+    pip_options: list[str] | None = PipOption,
+    out: Path | None = typer.Option(
+        None, "--out", metavar="DIR", help="Write here instead of the anchors/ package directory."
+    ),
     check: bool = typer.Option(False, "--check", help="Write nothing; exit 1 if a record differs from a fresh one."),
 ) -> None:
     """Maintainers: record each release's verdicts, fingerprints and file hashes from its real wheel."""
@@ -344,7 +384,9 @@ def _version_callback(value: bool) -> None:
 
 @app.callback()
 def _root(
-    version: bool = typer.Option(False, "--version", callback=_version_callback, is_eager=True, help="Show the version."),
+    version: bool = typer.Option(
+        False, "--version", callback=_version_callback, is_eager=True, help="Show the version."
+    ),
 ) -> None:
     pass
 

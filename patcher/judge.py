@@ -218,7 +218,8 @@ def as_opt_in(reports: tuple[PatchReport, ...], patches: list[Patch], asked: set
     for r in reports:
         if r.id in opt and r.verdict is Verdict.FOREIGN:
             r = replace(
-                r, verdict=Verdict.OPT_IN,
+                r,
+                verdict=Verdict.OPT_IN,
                 detail=f"opt-in: {r.foreign}'s edit stands there; takeover --with {r.id} replaces it ({r.detail})",
             )
         elif r.id in opt and r.verdict in (Verdict.PENDING, Verdict.DRIFTED):
@@ -283,7 +284,8 @@ def judge_state(state: State, takeover: bool = False, with_ids: frozenset[str] =
         if damaged is not None:
             env = state.env
             raise Refused(
-                f"the backup of {damaged} is missing or damaged", "",
+                f"the backup of {damaged} is missing or damaged",
+                "",
                 f"{env.reinstall()}, then patch-dsv4 apply{env.target.args()}",
             )
         base_ctx = state.context(backups)
@@ -307,11 +309,9 @@ def state_reports(
             if view.kind in ("current", "interrupted") and edit.file in view.modified:
                 entry = view.manifest.files[edit.file]
                 if patch.id in entry.patches:
-                    report = replace(
-                        report,
-                        verdict=Verdict.MODIFIED,
-                        detail=f"{edit.file} {view.modified[edit.file]} (was {outcome.verdict.value}: {outcome.detail})",
-                    )
+                    was = f"{outcome.verdict.value}: {outcome.detail}"
+                    detail = f"{edit.file} {view.modified[edit.file]} (was {was})"
+                    report = replace(report, verdict=Verdict.MODIFIED, detail=detail)
             elif (patch.id, edit.label) in outdated:
                 report = replace(
                     report, verdict=Verdict.PENDING, detail=outdated[(patch.id, edit.label)], expected=None, found=None

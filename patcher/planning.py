@@ -45,8 +45,11 @@ def options(
 ) -> Options:
     """The user's options, every patch id checked against the known ones."""
     return Options(
-        frozenset(_known_ids(patches, only, "--only")), frozenset(_known_ids(patches, with_, "--with")),
-        force, takeover, dry_run,
+        frozenset(_known_ids(patches, only, "--only")),
+        frozenset(_known_ids(patches, with_, "--with")),
+        force,
+        takeover,
+        dry_run,
     )
 
 
@@ -100,11 +103,17 @@ def plan_apply(state: State, judged: Judged, opts: Options, notes: list[str]) ->
     if opts.takeover:
         missing = next((r for r in judged.restores if r.data is None), None)
         if missing is not None:
-            return Plan(command, state, (), notes, refusal=Refused(
-                f"cannot take over {missing.relpath} from {', '.join(missing.scripts)}",
-                "no backup beside it holds what pip installed (its sha256 in RECORD)",
-                f"{env.reinstall()}, then patch-dsv4 apply{env.target.args()}",
-            ))
+            return Plan(
+                command,
+                state,
+                (),
+                notes,
+                refusal=Refused(
+                    f"cannot take over {missing.relpath} from {', '.join(missing.scripts)}",
+                    "no backup beside it holds what pip installed (its sha256 in RECORD)",
+                    f"{env.reinstall()}, then patch-dsv4 apply{env.target.args()}",
+                ),
+            )
         for r in judged.restores:
             notes.append(f"{r.relpath}: restores pip's bytes from {r.backup} (edited by {', '.join(r.scripts)})")
         if not judged.restores:
@@ -122,7 +131,9 @@ def plan_apply(state: State, judged: Judged, opts: Options, notes: list[str]) ->
     notes += unrecorded_notes(judged.now, view, restored)
     plan = Plan(command, state, reports, notes, restores=list(judged.restores))
 
-    blocked = [r for r in reports if r.id in chosen and r.verdict in (Verdict.DRIFTED, Verdict.MODIFIED, Verdict.FOREIGN)]
+    blocked = [
+        r for r in reports if r.id in chosen and r.verdict in (Verdict.DRIFTED, Verdict.MODIFIED, Verdict.FOREIGN)
+    ]
     if blocked:
         plan.refusal = _refusal(state, judged.now, blocked, chosen)
         return plan
@@ -211,8 +222,9 @@ def _planned_files(
                 if patch.id not in owners[edit.file]:
                     owners[edit.file].append(patch.id)
             elif outcome.verdict is Verdict.DRIFTED:
-                why = Refused(f"refusing to apply: {patch.id} is drifted", outcome.detail,
-                              f"patch-dsv4 status{env.target.args()}")
+                why = Refused(
+                    f"refusing to apply: {patch.id} is drifted", outcome.detail, f"patch-dsv4 status{env.target.args()}"
+                )
                 return planned, owners, why
     return planned, owners, None
 
@@ -259,11 +271,13 @@ def _refusal(state: State, judgement: Judgement, blocked: list[PatchReport], cho
     others = "; apply the others with --only" if len(blocked) < len(chosen) else ""
     if edit is not None and "cannot be judged" in edit.detail:
         return Refused(
-            f"refusing to apply: {first.id} cannot be judged", why.replace(PACKAGE_PREFIX, ""),
+            f"refusing to apply: {first.id} cannot be judged",
+            why.replace(PACKAGE_PREFIX, ""),
             f"{env.reinstall()}, then patch-dsv4 apply{env.target.args()}",
         )
     return Refused(
-        f"refusing to apply: {first.id} is drifted", why.replace(PACKAGE_PREFIX, ""),
+        f"refusing to apply: {first.id} is drifted",
+        why.replace(PACKAGE_PREFIX, ""),
         f"patch-dsv4 status -v{env.target.args()}{others}",
     )
 
@@ -295,7 +309,10 @@ def _record_judgement(state: State, manifest: Manifest, planned: dict[str, bytes
     reports = as_opt_in(state_reports(judgement, state.patches, NO_STATE), state.patches, set(manifest.opt_in))
     manifest.verdicts = {
         r.id: {
-            "title": r.title, "verdict": r.verdict.value, "files": list(r.files), "detail": r.detail,
+            "title": r.title,
+            "verdict": r.verdict.value,
+            "files": list(r.files),
+            "detail": r.detail,
             "edits": [e.to_json() for e in r.edits],
         }
         for r in reports
@@ -349,7 +366,8 @@ def plan_revert(state: State, reverted: tuple[PatchReport, ...], discard_local_e
         backup = state.backup(relpath)
         if backup is None:
             plan.refusal = Refused(
-                f"refusing to revert {relpath}", "its backup is missing or does not match the recorded hash",
+                f"refusing to revert {relpath}",
+                "its backup is missing or does not match the recorded hash",
                 env.reinstall(),
             )
             return plan

@@ -16,8 +16,15 @@ from patch_dsv4.verdicts import PatchReport, Report, Verdict, next_step, summary
 
 
 def report(
-    state: State, command: str, reports: tuple[PatchReport, ...], kind: str, extra: str = "", changed=(),
-    diff: str | None = None, notes=(), backups: bool = True,
+    state: State,
+    command: str,
+    reports: tuple[PatchReport, ...],
+    kind: str,
+    extra: str = "",
+    changed=(),
+    diff: str | None = None,
+    notes=(),
+    backups: bool = True,
 ) -> Report:
     env = state.env
     store = state.store
@@ -55,8 +62,13 @@ def dry_run_report(plan: Plan) -> Report:
     state = plan.state
     diff = b"".join(unified_diff(rel, plan.old[rel] or b"", data) for rel, data in plan.new.items())
     out = report(
-        state, plan.command, plan.reports, state.kind, f"dry run, {len(plan.new)} file(s) would change",
-        diff=diff.decode("utf-8", "surrogateescape"), notes=plan.notes,
+        state,
+        plan.command,
+        plan.reports,
+        state.kind,
+        f"dry run, {len(plan.new)} file(s) would change",
+        diff=diff.decode("utf-8", "surrogateescape"),
+        notes=plan.notes,
     )
     return replace(out, build=state.build_identity())
 

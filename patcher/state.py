@@ -23,10 +23,10 @@ import math
 import os
 import stat
 import time
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
 
 from patch_dsv4.errors import EnvironmentProblem
 from patch_dsv4.fs import Dir, Owner, describe, is_temp_name
@@ -290,7 +290,9 @@ class StateStore:
                 name = stamp if n == 1 else f"{stamp}-{n}"
                 if saved.make_dir(name, DIR_MODE, self.dir_owner):
                     return name
-        raise EnvironmentProblem(f"cannot make a directory under {self.dir_path / SAVED_EDITS}", "too many runs this second")
+        raise EnvironmentProblem(
+            f"cannot make a directory under {self.dir_path / SAVED_EDITS}", "too many runs this second"
+        )
 
     def save_local_edit(self, run: str, relpath: str, data: bytes, owner: Owner) -> Path:
         """Keep a hand-edited file in ``run`` (:meth:`new_saved_edits_run`) before it is replaced; where it was saved.
@@ -412,7 +414,9 @@ class StateStore:
                 break
             except OSError as exc:
                 why = "it is a symbolic link" if exc.errno == errno.ELOOP else exc.strerror or str(exc)
-                raise EnvironmentProblem(f"cannot open the lock {self.lock_path}", why, "check the permissions") from None
+                raise EnvironmentProblem(
+                    f"cannot open the lock {self.lock_path}", why, "check the permissions"
+                ) from None
             try:
                 fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
                 break
@@ -427,7 +431,9 @@ class StateStore:
                 on_wait(holder)
             if time.monotonic() >= deadline:
                 raise EnvironmentProblem(
-                    f"lock {self.lock_path} not free within {timeout:g} s", f"held by {holder}", "wait for it, or raise --lock-timeout"
+                    f"lock {self.lock_path} not free within {timeout:g} s",
+                    f"held by {holder}",
+                    "wait for it, or raise --lock-timeout",
                 )
             time.sleep(0.05)
         yield
@@ -436,7 +442,9 @@ class StateStore:
     def _check_timeout(timeout: float) -> None:
         if not (isinstance(timeout, (int, float)) and math.isfinite(timeout) and timeout >= 0):
             raise EnvironmentProblem(
-                f"--lock-timeout {timeout} is not a number of seconds", "it must be finite and not negative", "e.g. --lock-timeout 300"
+                f"--lock-timeout {timeout} is not a number of seconds",
+                "it must be finite and not negative",
+                "e.g. --lock-timeout 300",
             )
 
     def _open_lock(self) -> int:
@@ -452,7 +460,9 @@ class StateStore:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             os.close(fd)
-            raise EnvironmentProblem(f"cannot use the lock {self.lock_path}", "it is not a regular file", f"remove {self.lock_path}")
+            raise EnvironmentProblem(
+                f"cannot use the lock {self.lock_path}", "it is not a regular file", f"remove {self.lock_path}"
+            )
         if os.geteuid() == 0 and (st.st_uid, st.st_gid) != (self.owner.uid, self.owner.gid) and st.st_size == 0:
             try:
                 os.fchown(fd, self.owner.uid, self.owner.gid)
@@ -480,5 +490,3 @@ class StateStore:
 def _short(exc: BaseException) -> str:
     text = str(exc) if not isinstance(exc, RecursionError) else "nested too deeply"
     return text if len(text) <= 160 else text[:157] + "..."
-
-

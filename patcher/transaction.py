@@ -231,7 +231,8 @@ def write_revert(env: Environment, store: StateStore, manifest: Manifest, restor
             # Every file is restored and the manifest is gone: the revert is complete;
             # what is left of the state directory is backups no file needs any more.
             raise WriteFailed(
-                "reverted, but could not remove all of the state", _os_reason(exc) if isinstance(exc, OSError) else str(exc),
+                "reverted, but could not remove all of the state",
+                _os_reason(exc) if isinstance(exc, OSError) else str(exc),
                 f"remove {store.dir_path}",
             ) from None
         undone = _put_back(env, done, lambda t: t.old) and _restore_manifest(store, manifest)
@@ -299,7 +300,8 @@ def _drop_orphan_state(env: Environment, store: StateStore) -> None:
         backup = store.read_copy("backups", relpath)
         if backup is not None and env.sha256(relpath) != sha256_bytes(backup):
             raise store.unreadable(
-                f"it has no manifest but a backup of {relpath}, which differs from that file (a patched file may need it)"
+                f"it has no manifest but a backup of {relpath}, which differs from that file"
+                " (a patched file may need it)"
             )
     store.remove()
 
@@ -323,9 +325,7 @@ def _replay(env: Environment, store: StateStore, manifest: Manifest, source: str
             )
         data = store.read_copy(source, relpath)
         if data is None or sha256_bytes(data) != move["to"]:
-            raise Refused(
-                f"the saved copy of {relpath} is missing or damaged", "", f"{env.reinstall()}"
-            )
+            raise Refused(f"the saved copy of {relpath} is missing or damaged", "", f"{env.reinstall()}")
         st = env.tree.stat(relpath)
         _replace(env, relpath, data, Owner(st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)))
 
