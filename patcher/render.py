@@ -1,10 +1,20 @@
 """Reports for people (text), machines (json) and pull requests or issues (markdown).
 
 One renderer for every command's report (status, verify, apply, revert and
-drift): a line per patch that fits the terminal (80 columns included), the
+drift), and one form every view is made from: the report's JSON document, built
+here from plain values (:func:`report_document`), with its closing line
+(:func:`summary_text`) and the command it advises (:func:`next_command`). The
+typed reports of :mod:`patch_dsv4.verdicts` build their documents with these
+functions, and verify's fast path builds its document with them straight from
+the recorded verdicts, without the typed model (importing dataclasses and
+building its classes costs about 15 ms): the two paths cannot say different
+things, in any format.
+
+Human output: a line per patch that fits the terminal (80 columns included), the
 evidence only where it explains something, each sentence once, and a closing
 line. Plain text whenever stdout is not a terminal; colour only on a terminal,
-and never with ``NO_COLOR``. Nothing here imports rich or libcst.
+and never with ``NO_COLOR``. Nothing here imports rich, libcst, dataclasses or
+typing, nor anything of patch-dsv4.
 """
 
 from __future__ import annotations
@@ -12,31 +22,162 @@ from __future__ import annotations
 import json
 import os
 import sys
-import textwrap
-from dataclasses import dataclass
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from io import TextIOBase as TextIO  # not typing: importing typing costs verify 2 ms
 
-from patch_dsv4.verdicts import PatchReport, Report
-
 PACKAGE_PREFIX = "vllm/models/deepseek_v4/"
+#: The version of the JSON documents every command writes (README, "JSON output"; patcher/report.schema.json).
+JSON_SCHEMA = 1
+#: Verdicts that fail ``verify``: the environment is not in the state it needs.
+NEEDS_ACTION = ("pending", "drifted", "modified", "foreign")
 #: Verdicts whose evidence explains something by default (the rest only with -v).
 EXPLAINED = ("upstream", "drifted", "modified", "foreign")
 _COLOURS = {
-    "applied": "32", "upstream": "36", "pending": "33", "drifted": "31", "modified": "31", "opt-in": "2", "foreign": "31",
+    "applied": "32",
+    "upstream": "36",
+    "pending": "33",
+    "drifted": "31",
+    "modified": "31",
+    "opt-in": "2",
+    "foreign": "31",
 }
 
 
-@dataclass(frozen=True)
+# -- the documents ---------------------------------------------------------------------------
+def edit_document(
+    label: str,
+    file: str,
+    scope: str,
+    verdict: str,
+    detail: str,
+    expected: str | None = None,
+    found: str | None = None,
+    foreign: str | None = None,
+) -> dict:
+    """One edit's judgement, as every document holds it."""
+    return {
+        "label": label,
+        "file": file,
+        "scope": scope,
+        "verdict": verdict,
+        "detail": detail,
+        "expected": expected,
+        "found": found,
+        "foreign": foreign,
+    }
+
+
+def foreign_scripts(verdict: str, edits: Iterable[str | None]) -> str | None:
+    """A foreign patch's scripts (the ``foreign`` of its ``edits``), comma-separated; None for other verdicts."""
+    if verdict != "foreign":
+        return None
+    return ", ".join(dict.fromkeys(script for script in edits if script)) or None
+
+
+def shown_verdict(verdict: str, foreign: str | None) -> str:
+    """The verdict as people read it: a foreign edit names its script (``foreign: <script>``)."""
+    return f"foreign: {foreign}" if foreign else verdict
+
+
+def patch_document(
+    patch_id: str, title: str, verdict: str, files: Iterable[str], detail: str, edits: list[dict]
+) -> dict:
+    """One patch's verdict, files, evidence and edits (``edits``: edit documents)."""
+    return {
+        "id": patch_id,
+        "title": title,
+        "verdict": verdict,
+        "foreign": foreign_scripts(verdict, (e["foreign"] for e in edits)),
+        "files": list(files),
+        "detail": detail,
+        "edits": edits,
+    }
+
+
+def report_document(
+    command: str,
+    exit_code: int,
+    target: str | None,
+    vllm_version: str | None,
+    flashinfer_version: str | None,
+    flashinfer_source: str | None,
+    build: dict | None,
+    state: str | None,
+    patches: list[dict],
+    summary: str,
+    changed_files: Iterable[str] = (),
+    backups: str | None = None,
+    saved_edits: Iterable[str] = (),
+    diff: str | None = None,
+    notes: Iterable[str] = (),
+    next_step: str | None = None,
+) -> dict:
+    """The document of status, verify, apply and revert (``patches``: patch documents): the same keys on every path."""
+    return {
+        "schema": JSON_SCHEMA,
+        "command": command,
+        "exit_code": exit_code,
+        "error": None,
+        "target": target,
+        "vllm_version": vllm_version,
+        "flashinfer_version": flashinfer_version,
+        "flashinfer_source": flashinfer_source,
+        "build": build,
+        "state": state,
+        "patches": patches,
+        "changed_files": list(changed_files),
+        "backups": backups,
+        "saved_edits": list(saved_edits),
+        "diff": diff,
+        "notes": list(notes),
+        "next": next_step,
+        "summary": summary,
+    }
+
+
+def summary_text(command: str, verdicts: Iterable[str], extra: str = "") -> str:
+    """The closing line of a report: the ``verdicts`` (one a patch) counted, and what was done."""
+    counts: dict[str, int] = {}
+    for verdict in verdicts:
+        counts[verdict] = counts.get(verdict, 0) + 1
+    text = ", ".join(f"{n} {v}" for v, n in counts.items()) or "no patches"
+    return f"{command}: {text}" + (f"; {extra}" if extra else "")
+
+
+def next_command(target_args: str, verdicts: Iterable[str], foreign_next: str | None = None) -> str | None:
+    """The one command that resolves patches with these failing ``verdicts``, naming the target as the user did.
+
+    ``foreign_next`` is the way out of other tools' edits (takeover, or a reinstall where no backup serves).
+    """
+    verdicts = set(verdicts)
+    if not verdicts:
+        return None
+    if "modified" in verdicts:
+        return f"patch-dsv4 revert --discard-local-edits{target_args} (your edit is saved first), then apply"
+    if "foreign" in verdicts:
+        return foreign_next or f"patch-dsv4 takeover{target_args}"
+    if "drifted" in verdicts:
+        return f"patch-dsv4 status -v{target_args} (a patch no longer matches this vLLM: do not serve it)"
+    return f"patch-dsv4 apply{target_args}"
+
+
+def _document(report) -> dict:
+    """A report's document: ``report`` itself when it is one, else what its ``to_json`` gives."""
+    return report if isinstance(report, dict) else report.to_json()
+
+
+# -- text --------------------------------------------------------------------------------------
 class Style:
     """How human output looks on this stream: its width, colour, and how much to say."""
 
-    width: int = 80
-    colour: bool = False
-    verbosity: int = 0  # -1 quiet (closing line only), 0 normal, 1 verbose
+    __slots__ = ("width", "colour", "verbosity")
+
+    def __init__(self, width: int = 80, colour: bool = False, verbosity: int = 0) -> None:
+        self.width, self.colour = width, colour
+        self.verbosity = verbosity  # -1 quiet (closing line only), 0 normal, 1 verbose
 
     @classmethod
-    def for_stream(cls, stream: TextIO, verbosity: int = 0) -> "Style":
+    def for_stream(cls, stream: TextIO, verbosity: int = 0) -> Style:
         tty = hasattr(stream, "isatty") and stream.isatty()
         width = _terminal_width(stream) if tty else 80
         colour = tty and "NO_COLOR" not in os.environ and os.environ.get("TERM") != "dumb"
@@ -59,6 +200,10 @@ def _terminal_width(stream: TextIO) -> int:
         return 80
 
 
+#: The whitespace textwrap turns into spaces (a line holding one is left to textwrap).
+_FOLDED = frozenset("\t\n\x0b\x0c\r")
+
+
 def short_path(relpath: str) -> str:
     """A file of the DeepSeek-V4 package without the prefix every one of them shares."""
     return relpath[len(PACKAGE_PREFIX) :] if relpath.startswith(PACKAGE_PREFIX) else relpath
@@ -66,9 +211,17 @@ def short_path(relpath: str) -> str:
 
 def _wrap(text: str, width: int, indent: str) -> list[str]:
     """Wrapped at spaces only: a path is never folded."""
+    if len(indent) + len(text) <= width and text and not text[-1].isspace() and not _FOLDED.intersection(text):
+        return [indent + text]  # what textwrap gives a line that fits, without importing it (1 ms)
+    import textwrap
+
     return textwrap.wrap(
-        text, width=width, initial_indent=indent, subsequent_indent=indent,
-        break_long_words=False, break_on_hyphens=False,
+        text,
+        width=width,
+        initial_indent=indent,
+        subsequent_indent=indent,
+        break_long_words=False,
+        break_on_hyphens=False,
     ) or [indent.rstrip()]
 
 
@@ -80,11 +233,13 @@ def _wrap_fitting(text: str, width: int, indent: str, fallback: str = "  ") -> l
     return _wrap(text, width, fallback)
 
 
-def _evidence(patch: PatchReport, verbose: bool) -> list[str]:
+def _evidence(patch: dict, verbose: bool) -> list[str]:
     """The sentences that explain a verdict, each once (all of them with -v)."""
-    if not verbose and patch.verdict.value not in EXPLAINED:
+    if not verbose and patch["verdict"] not in EXPLAINED:
         return []
-    sentences = [e.detail for e in patch.edits if verbose or e.verdict is patch.verdict] or [patch.detail]
+    sentences = [e["detail"] for e in patch["edits"] if verbose or e["verdict"] == patch["verdict"]] or [
+        patch["detail"]
+    ]
     return _merge_shared_reasons(list(dict.fromkeys(s.replace(PACKAGE_PREFIX, "") for s in sentences if s)))
 
 
@@ -103,90 +258,108 @@ def _merge_shared_reasons(sentences: list[str]) -> list[str]:
     return [f"{'; '.join(subjects[key])}: {key}" if subjects[key] else key for key in order]
 
 
-def text_lines(report: Report, style: Style, per_patch: Callable[[str], list[str]] | None = None) -> list[str]:
-    """The human form of a report, as lines (``per_patch`` adds lines under a patch: drift's fingerprints)."""
+def _shown(patch: dict) -> str:
+    return shown_verdict(patch["verdict"], patch["foreign"])
+
+
+def _is_shown_in_full(edit: dict) -> bool:
+    """An edit whose expected code (and what stands there) the report shows."""
+    return edit["verdict"] in ("drifted", "modified") and edit["expected"] is not None
+
+
+def text_lines(doc: dict, style: Style, per_patch: Callable[[str], list[str]] | None = None) -> list[str]:
+    """A report's document for people, as lines (``per_patch`` adds lines under a patch: drift's fingerprints)."""
     if style.verbosity < 0:
-        return [report.summary]
-    fi = report.flashinfer_version or "none"
-    if report.flashinfer_source:
-        fi += f", {report.flashinfer_source}"
-    lines = _wrap(f"vLLM {report.vllm_version} (FlashInfer {fi}) at {report.target}", style.width, "")
+        return [doc["summary"]]
+    fi = doc["flashinfer_version"] or "none"
+    if doc["flashinfer_source"]:
+        fi += f", {doc['flashinfer_source']}"
+    lines = _wrap(f"vLLM {doc['vllm_version']} (FlashInfer {fi}) at {doc['target']}", style.width, "")
+    build = doc["build"]
     facts = []
-    if report.build is not None:
-        facts.append("known build" if report.build["known"] else "unknown build")
-    if report.state is not None:
-        facts.append(f"state: {report.state}")
+    if build is not None:
+        facts.append("known build" if build["known"] else "unknown build")
+    if doc["state"] is not None:
+        facts.append(f"state: {doc['state']}")
     if facts:
         lines.append("; ".join(facts))
-    id_width = max((len(p.id) for p in report.patches), default=0) + 2
-    verdict_width = max((len(p.verdict.value) for p in report.patches), default=0) + 2
-    for patch in report.patches:
-        head = f"  {patch.id:<{id_width}}"
-        verdict = patch.shown_verdict
-        files = ", ".join(short_path(f) for f in patch.files) or "-"
+    patches = doc["patches"]
+    id_width = max((len(p["id"]) for p in patches), default=0) + 2
+    verdict_width = max((len(p["verdict"]) for p in patches), default=0) + 2
+    for patch in patches:
+        head = f"  {patch['id']:<{id_width}}"
+        verdict = _shown(patch)
+        files = ", ".join(short_path(f) for f in patch["files"]) or "-"
         room = style.width - len(head) - verdict_width
         if len(files) <= room and len(verdict) < verdict_width:
-            lines.append(head + style.paint(f"{verdict:<{verdict_width}}", patch.verdict.value) + files)
+            lines.append(head + style.paint(f"{verdict:<{verdict_width}}", patch["verdict"]) + files)
         else:
-            lines.append(head + style.paint(verdict, patch.verdict.value))
+            lines.append(head + style.paint(verdict, patch["verdict"]))
             lines.extend(_wrap(files, style.width, " " * (len(head) + verdict_width)))
         for sentence in _evidence(patch, style.verbosity > 0):
             lines.extend(_wrap_fitting(sentence, style.width, "      "))
-        for extra in per_patch(patch.id) if per_patch is not None else ():
+        for extra in per_patch(patch["id"]) if per_patch is not None else ():
             lines.extend(_wrap_fitting(extra, style.width, "      "))
-        for edit in patch.edits:
-            if edit.verdict.value in ("drifted", "modified") and edit.expected is not None and (
-                style.verbosity > 0 or (edit.found is not None and edit.found not in edit.detail)
-            ):
-                lines.append(f"      in {short_path(edit.file)}:{edit.scope}, expected:")
-                lines.extend("        " + line for line in edit.expected.splitlines())
-                if edit.found is not None:
+        for edit in patch["edits"]:
+            found = edit["found"]
+            if _is_shown_in_full(edit) and (style.verbosity > 0 or (found is not None and found not in edit["detail"])):
+                lines.append(f"      in {short_path(edit['file'])}:{edit['scope']}, expected:")
+                lines.extend("        " + line for line in edit["expected"].splitlines())
+                if found is not None:
                     lines.append("      found:")
-                    lines.extend("        " + line for line in edit.found.splitlines()[:12])
-    if report.build is not None and (style.verbosity > 0 or not report.build["known"]):
-        lines.extend(_wrap(report.build["detail"], style.width, ""))
-    if report.changed_files:
-        lines.append(f"{'restored' if report.command == 'revert' else 'wrote'} {len(report.changed_files)} file(s):")
-        lines.extend(f"  {relpath}" for relpath in report.changed_files)
-    if report.backups:
-        lines.extend(_wrap(f"backups: {report.backups}", style.width, ""))
-    for saved in report.saved_edits:
+                    lines.extend("        " + line for line in found.splitlines()[:12])
+    if build is not None and (style.verbosity > 0 or not build["known"]):
+        lines.extend(_wrap(build["detail"], style.width, ""))
+    if doc["changed_files"]:
+        lines.append(f"{'restored' if doc['command'] == 'revert' else 'wrote'} {len(doc['changed_files'])} file(s):")
+        lines.extend(f"  {relpath}" for relpath in doc["changed_files"])
+    if doc["backups"]:
+        lines.extend(_wrap(f"backups: {doc['backups']}", style.width, ""))
+    for saved in doc["saved_edits"]:
         lines.extend(_wrap(f"your edit is saved as {saved}", style.width, ""))
-    for note in report.notes:
+    for note in doc["notes"]:
         lines.extend(_wrap(f"note: {note}", style.width, ""))
-    lines.append(report.summary)
+    lines.append(doc["summary"])
     return lines
 
 
-def markdown(report: Report, extra_head: str = "", extra_columns: dict[str, str] | None = None) -> str:
-    """A report as markdown: a table a patch, evidence in full, notes and the summary."""
+# -- markdown ----------------------------------------------------------------------------------
+def markdown(doc: dict, extra_head: str = "", extra_columns: dict[str, str] | None = None) -> str:
+    """A report's document as markdown: a table a patch, evidence in full, notes and the summary."""
     extra_columns = extra_columns or {}
-    head = f"**patch-dsv4 {report.command}**: vLLM {report.vllm_version}"
-    head += f", FlashInfer {report.flashinfer_version or 'none'}" + (
-        f" ({report.flashinfer_source})" if report.flashinfer_source else ""
+    head = f"**patch-dsv4 {doc['command']}**: vLLM {doc['vllm_version']}"
+    head += f", FlashInfer {doc['flashinfer_version'] or 'none'}" + (
+        f" ({doc['flashinfer_source']})" if doc["flashinfer_source"] else ""
     )
-    if report.build is not None:
-        head += f"; {'known' if report.build['known'] else 'unknown'} build"
+    if doc["build"] is not None:
+        head += f"; {'known' if doc['build']['known'] else 'unknown'} build"
     columns = ["patch", "verdict", "files", *([extra_head] if extra_head else []), "evidence"]
     lines = [head, "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    for p in report.patches:
-        cells = [f"`{p.id}`", p.shown_verdict, "<br>".join(f"`{short_path(f)}`" for f in p.files) or "-"]
+    for p in doc["patches"]:
+        cells = [f"`{p['id']}`", _shown(p), "<br>".join(f"`{short_path(f)}`" for f in p["files"]) or "-"]
         if extra_head:
-            cells.append(extra_columns.get(p.id, "-"))
-        cells.append(_cell(" ".join(dict.fromkeys(e.detail for e in p.edits)) or p.detail))
+            cells.append(extra_columns.get(p["id"], "-"))
+        cells.append(_cell(" ".join(dict.fromkeys(e["detail"] for e in p["edits"])) or p["detail"]))
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
-    for p in report.patches:
-        for e in p.edits:
-            if e.verdict.value in ("drifted", "modified") and e.expected is not None:
-                lines += [f"**{p.id}**: {_cell(e.detail)}", "", "expected:", "```python", e.expected.rstrip("\n"), "```"]
-                if e.found is not None:
-                    lines += ["found:", "```python", e.found.rstrip("\n"), "```"]
+    for p in doc["patches"]:
+        for e in p["edits"]:
+            if _is_shown_in_full(e):
+                lines += [
+                    f"**{p['id']}**: {_cell(e['detail'])}",
+                    "",
+                    "expected:",
+                    "```python",
+                    e["expected"].rstrip("\n"),
+                    "```",
+                ]
+                if e["found"] is not None:
+                    lines += ["found:", "```python", e["found"].rstrip("\n"), "```"]
                 lines.append("")
-    lines.extend(f"- {_cell(note)}" for note in report.notes)
-    if report.diff:
-        lines += ["", "```diff", report.diff.rstrip("\n"), "```"]
-    lines += ["", f"**{report.summary}**", ""]
+    lines.extend(f"- {_cell(note)}" for note in doc["notes"])
+    if doc["diff"]:
+        lines += ["", "```diff", doc["diff"].rstrip("\n"), "```"]
+    lines += ["", f"**{doc['summary']}**", ""]
     return "\n".join(lines)
 
 
@@ -194,52 +367,65 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
+# -- writing -----------------------------------------------------------------------------------
 def write_json(document: dict, stream: TextIO | None = None) -> None:
     (stream or sys.stdout).write(json.dumps(document, indent=2) + "\n")
 
 
 def render(document, fmt: str, verbosity: int = 0) -> None:
-    """Write a report (or a drift report) to stdout in ``fmt``; an apply --dry-run's diff is stdout's only content."""
-    report: Report = getattr(document, "report", document)
+    """Write a report to stdout in ``fmt``; an apply --dry-run's diff is stdout's only content.
+
+    ``document``: a report's document, or any report with ``to_json`` (a typed report, a drift report,
+    whose ``markdown_column`` and ``fingerprint_lines`` add drift's own cells and lines).
+    """
+    doc = _document(document)
     if fmt == "json":
-        write_json(document.to_json())
+        write_json(doc)
         return
     stream = sys.stdout
-    if report.diff is not None and fmt == "table":
+    if doc["diff"] is not None and fmt == "table":
         # stdout holds the patch alone (`apply --dry-run > fix.patch`); the report goes to stderr
-        sys.stdout.buffer.write(report.diff.encode("utf-8", "surrogateescape")) if hasattr(sys.stdout, "buffer") else (
-            sys.stdout.write(report.diff)
+        sys.stdout.buffer.write(doc["diff"].encode("utf-8", "surrogateescape")) if hasattr(sys.stdout, "buffer") else (
+            sys.stdout.write(doc["diff"])
         )
         sys.stdout.flush()
         stream = sys.stderr
     if fmt == "markdown":
-        stream.write(markdown(report, *getattr(document, "markdown_column", lambda: ("", None))()))
+        stream.write(markdown(doc, *getattr(document, "markdown_column", lambda: ("", None))()))
         return
     style = Style.for_stream(stream, verbosity)
-    stream.write("\n".join(text_lines(report, style, getattr(document, "fingerprint_lines", None))) + "\n")
+    stream.write("\n".join(text_lines(doc, style, getattr(document, "fingerprint_lines", None))) + "\n")
 
 
-def write_failure(report: Report) -> None:
-    """On stderr, which patches failed and the command that resolves them (verify's and drift's exit 1)."""
-    bad = [p for p in report.patches if p.verdict.needs_action]
-    if not bad and not report.next_step:
+def write_failure(report) -> None:
+    """On stderr, which patches failed and the command that resolves them (verify's and drift's exit 1).
+
+    ``report``: a report's document, or a report with ``to_json``.
+    """
+    doc = _document(report)
+    bad = [p for p in doc["patches"] if p["verdict"] in NEEDS_ACTION]
+    if not bad and not doc["next"]:
         return
     for patch in bad:
-        files = ", ".join(short_path(f) for f in patch.files)
-        sys.stderr.write(f"patch-dsv4: {patch.id} is {patch.shown_verdict}" + (f" ({files})" if files else "") + "\n")
-    if report.next_step:
-        sys.stderr.write(f"patch-dsv4: run: {report.next_step}\n")
+        files = ", ".join(short_path(f) for f in patch["files"])
+        sys.stderr.write(f"patch-dsv4: {patch['id']} is {_shown(patch)}" + (f" ({files})" if files else "") + "\n")
+    if doc["next"]:
+        sys.stderr.write(f"patch-dsv4: run: {doc['next']}\n")
 
 
 def doctor_lines(report, style: Style) -> list[str]:
     """doctor for people: a row per check (status, id, what was read), the fix under every warn and fail."""
     if style.verbosity < 0:
         return [f"{r.status.upper():<5} {r.id}: {r.fix}" for r in report.rows if r.status == "fail"] + [report.summary]
-    head = f"vLLM {report.vllm_version} at {report.target}" + (f"; pack {report.pack}" if report.pack else "; no --pack")
+    head = f"vLLM {report.vllm_version} at {report.target}" + (
+        f"; pack {report.pack}" if report.pack else "; no --pack"
+    )
     lines = _wrap(head, style.width, "")
     width = max((len(r.id) for r in report.rows), default=0) + 1
     for row in report.rows:
-        status = style.paint(f"{row.status:<5}", {"fail": "drifted", "warn": "pending", "pass": "applied"}.get(row.status, ""))
+        status = style.paint(
+            f"{row.status:<5}", {"fail": "drifted", "warn": "pending", "pass": "applied"}.get(row.status, "")
+        )
         prefix = f"  {status} {row.id:<{width}}"
         body = _wrap(row.detail, style.width - 8 - width, "")
         if all(len(line) <= style.width - 8 - width for line in body):
@@ -268,8 +454,12 @@ def render_doctor(report, fmt: str, verbosity: int = 0) -> None:
         else:
             sys.stderr.write("patch-dsv4: --fix-config: config.json needs no change\n")
     if fmt == "markdown":
-        lines = [f"**patch-dsv4 doctor**: vLLM {report.vllm_version}, pack `{report.pack}`", "",
-                 "| check | status | what was read | fix |", "|---|---|---|---|"]
+        lines = [
+            f"**patch-dsv4 doctor**: vLLM {report.vllm_version}, pack `{report.pack}`",
+            "",
+            "| check | status | what was read | fix |",
+            "|---|---|---|---|",
+        ]
         lines += [f"| `{r.id}` | {r.status} | {_cell(r.detail)} | {_cell(r.fix or '')} |" for r in report.rows]
         sys.stdout.write("\n".join([*lines, "", f"**{report.summary}**", ""]))
         return

@@ -1,9 +1,18 @@
-"""Typed outcomes: what the engine decides, and what the CLI renders."""
+"""Typed outcomes: what the engine decides, and what the CLI renders.
+
+Their JSON documents, closing lines and next commands are made by
+:mod:`patch_dsv4.render` from plain values: verify's fast path makes its
+document with the same functions, without importing this module.
+"""
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+
+from patch_dsv4 import render
+
+JSON_SCHEMA = render.JSON_SCHEMA  # the documents' version, read here by the app and doctor
 
 
 class Verdict(str, enum.Enum):
@@ -19,7 +28,7 @@ class Verdict(str, enum.Enum):
     @property
     def needs_action(self) -> bool:
         """A verdict that fails `verify`: the environment is not in the state it needs."""
-        return self in (Verdict.PENDING, Verdict.DRIFTED, Verdict.MODIFIED, Verdict.FOREIGN)
+        return self.value in render.NEEDS_ACTION
 
 
 @dataclass(frozen=True)
@@ -39,15 +48,15 @@ class Outcome:
     foreign: str | None = None
 
     @classmethod
-    def upstream(cls, evidence: str) -> "Outcome":
+    def upstream(cls, evidence: str) -> Outcome:
         return cls(Verdict.UPSTREAM, evidence)
 
     @classmethod
-    def not_applicable(cls, reason: str) -> "Outcome":
+    def not_applicable(cls, reason: str) -> Outcome:
         return cls(Verdict.NOT_APPLICABLE, reason)
 
     @classmethod
-    def drifted(cls, detail: str, expected: str | None = None, found: str | None = None) -> "Outcome":
+    def drifted(cls, detail: str, expected: str | None = None, found: str | None = None) -> Outcome:
         return cls(Verdict.DRIFTED, detail, expected=expected, found=found)
 
 
@@ -63,42 +72,36 @@ class EditReport:
     foreign: str | None = None  # FOREIGN: the script whose edit stands in this scope
 
     def to_json(self) -> dict:
-        return {
-            "label": self.label,
-            "file": self.file,
-            "scope": self.scope,
-            "verdict": self.verdict.value,
-            "detail": self.detail,
-            "expected": self.expected,
-            "found": self.found,
-            "foreign": self.foreign,
-        }
+        return render.edit_document(
+            self.label, self.file, self.scope, self.verdict.value, self.detail, self.expected, self.found, self.foreign
+        )
+
+    @classmethod
+    def from_json(cls, data: dict) -> EditReport:
+        """The edit of a document (the inverse of :meth:`to_json`)."""
+        return cls(
+            data["label"],
+            data["file"],
+            data["scope"],
+            Verdict(data["verdict"]),
+            data["detail"],
+            data["expected"],
+            data["found"],
+            data["foreign"],
+        )
 
 
-def summary_line(command: str, reports: "tuple[PatchReport, ...]", extra: str = "") -> str:
+def summary_line(command: str, reports: tuple[PatchReport, ...], extra: str = "") -> str:
     """The closing line of a report: the verdicts counted, and what was done."""
-    counts: dict[str, int] = {}
-    for r in reports:
-        counts[r.verdict.value] = counts.get(r.verdict.value, 0) + 1
-    text = ", ".join(f"{n} {v}" for v, n in counts.items()) or "no patches"
-    return f"{command}: {text}" + (f"; {extra}" if extra else "")
+    return render.summary_text(command, (r.verdict.value for r in reports), extra)
 
 
-def next_step(target_args: str, bad: "list[PatchReport]", foreign_next: str | None = None) -> str | None:
+def next_step(target_args: str, bad: list[PatchReport], foreign_next: str | None = None) -> str | None:
     """The one command that resolves the patches ``bad`` lists, naming the target as the user did.
 
     ``foreign_next`` is the way out of other tools' edits (takeover, or a reinstall where no backup serves).
     """
-    verdicts = {r.verdict for r in bad}
-    if not verdicts:
-        return None
-    if Verdict.MODIFIED in verdicts:
-        return f"patch-dsv4 revert --discard-local-edits{target_args} (your edit is saved first), then apply"
-    if Verdict.FOREIGN in verdicts:
-        return foreign_next or f"patch-dsv4 takeover{target_args}"
-    if Verdict.DRIFTED in verdicts:
-        return f"patch-dsv4 status -v{target_args} (a patch no longer matches this vLLM: do not serve it)"
-    return f"patch-dsv4 apply{target_args}"
+    return render.next_command(target_args, (r.verdict.value for r in bad), foreign_next)
 
 
 def combine(verdicts: list[Verdict]) -> Verdict:
@@ -121,29 +124,29 @@ class PatchReport:
     @property
     def foreign(self) -> str | None:
         """FOREIGN: the scripts whose edits stand in this patch's scopes, comma-separated."""
-        if self.verdict is not Verdict.FOREIGN:
-            return None
-        return ", ".join(dict.fromkeys(e.foreign for e in self.edits if e.foreign)) or None
+        return render.foreign_scripts(self.verdict.value, (e.foreign for e in self.edits))
 
     @property
     def shown_verdict(self) -> str:
         """The verdict as people read it: a foreign edit names its script (``foreign: <script>``)."""
-        return f"foreign: {self.foreign}" if self.foreign else self.verdict.value
+        return render.shown_verdict(self.verdict.value, self.foreign)
 
     def to_json(self) -> dict:
-        return {
-            "id": self.id,
-            "title": self.title,
-            "verdict": self.verdict.value,
-            "foreign": self.foreign,
-            "files": list(self.files),
-            "detail": self.detail,
-            "edits": [e.to_json() for e in self.edits],
-        }
+        return render.patch_document(
+            self.id, self.title, self.verdict.value, self.files, self.detail, [e.to_json() for e in self.edits]
+        )
 
-
-#: The version of the JSON documents every command writes (README, "JSON output"; patcher/report.schema.json).
-JSON_SCHEMA = 1
+    @classmethod
+    def from_json(cls, data: dict) -> PatchReport:
+        """The patch of a document (the inverse of :meth:`to_json`)."""
+        return cls(
+            data["id"],
+            data["title"],
+            Verdict(data["verdict"]),
+            tuple(data["files"]),
+            data["detail"],
+            tuple(EditReport.from_json(e) for e in data["edits"]),
+        )
 
 
 @dataclass(frozen=True)
@@ -169,26 +172,46 @@ class Report:
 
     def to_json(self) -> dict:
         """The document of status, verify, apply and revert: the same keys on every path."""
-        return {
-            "schema": JSON_SCHEMA,
-            "command": self.command,
-            "exit_code": self.exit_code,
-            "error": None,
-            "target": self.target,
-            "vllm_version": self.vllm_version,
-            "flashinfer_version": self.flashinfer_version,
-            "flashinfer_source": self.flashinfer_source,
-            "build": self.build,
-            "state": self.state,
-            "patches": [p.to_json() for p in self.patches],
-            "changed_files": list(self.changed_files),
-            "backups": self.backups,
-            "saved_edits": list(self.saved_edits),
-            "diff": self.diff,
-            "notes": list(self.notes),
-            "next": self.next_step,
-            "summary": self.summary,
-        }
+        return render.report_document(
+            command=self.command,
+            exit_code=self.exit_code,
+            target=self.target,
+            vllm_version=self.vllm_version,
+            flashinfer_version=self.flashinfer_version,
+            flashinfer_source=self.flashinfer_source,
+            build=self.build,
+            state=self.state,
+            patches=[p.to_json() for p in self.patches],
+            summary=self.summary,
+            changed_files=self.changed_files,
+            backups=self.backups,
+            saved_edits=self.saved_edits,
+            diff=self.diff,
+            notes=self.notes,
+            next_step=self.next_step,
+        )
+
+    @classmethod
+    def from_json(cls, data: dict) -> Report:
+        """The report of a document (the inverse of :meth:`to_json`)."""
+        return cls(
+            command=data["command"],
+            target=data["target"],
+            vllm_version=data["vllm_version"],
+            flashinfer_version=data["flashinfer_version"],
+            flashinfer_source=data["flashinfer_source"],
+            patches=tuple(PatchReport.from_json(p) for p in data["patches"]),
+            state=data["state"],
+            exit_code=data["exit_code"],
+            summary=data["summary"],
+            changed_files=tuple(data["changed_files"]),
+            diff=data["diff"],
+            notes=tuple(data["notes"]),
+            build=data["build"],
+            next_step=data["next"],
+            backups=data["backups"],
+            saved_edits=tuple(data["saved_edits"]),
+        )
 
 
 def error_document(command: str, message: str, exit_code: int) -> dict:
@@ -196,7 +219,14 @@ def error_document(command: str, message: str, exit_code: int) -> dict:
     if command == "list":
         empty = {"patches": []}
     elif command == "doctor":
-        empty = {"target": None, "vllm_version": None, "pack": None, "checks": [], "config_fix": None, "summary": message}
+        empty = {
+            "target": None,
+            "vllm_version": None,
+            "pack": None,
+            "checks": [],
+            "config_fix": None,
+            "summary": message,
+        }
     else:
         empty = Report(command, None, None, None, None, (), None, exit_code, message).to_json()
         if command == "drift":
