@@ -23,8 +23,10 @@ def _command_of(args: list[str]) -> str | None:
 
 
 def _wants_json(args: list[str]) -> bool:
-    return "--json" in args or "--format=json" in args or any(
-        a == "--format" and i + 1 < len(args) and args[i + 1] == "json" for i, a in enumerate(args)
+    return (
+        "--json" in args
+        or "--format=json" in args
+        or any(a == "--format" and i + 1 < len(args) and args[i + 1] == "json" for i, a in enumerate(args))
     )
 
 
@@ -36,9 +38,7 @@ def _wrapped(line: str) -> str:
     """``line`` folded at spaces into lines of at most MAX_LINE, the later ones led by ``patch-dsv4:   ``."""
     import textwrap
 
-    return "\n".join(
-        textwrap.wrap(line, MAX_LINE, subsequent_indent="patch-dsv4:   ", break_on_hyphens=False)
-    )
+    return "\n".join(textwrap.wrap(line, MAX_LINE, subsequent_indent="patch-dsv4:   ", break_on_hyphens=False))
 
 
 def print_error(what: str, why: str = "", next_step: str = "", stream=None) -> None:
@@ -51,7 +51,9 @@ def print_error(what: str, why: str = "", next_step: str = "", stream=None) -> N
         if next_step:
             stream.write(f"  next: {next_step}\n")
     else:
-        text = f"patch-dsv4: error: {what}" + (f": {why}" if why else "") + (f" (next: {next_step})" if next_step else "")
+        text = (
+            f"patch-dsv4: error: {what}" + (f": {why}" if why else "") + (f" (next: {next_step})" if next_step else "")
+        )
         if len(text) <= MAX_LINE:
             stream.write(text + "\n")
             return
@@ -79,8 +81,14 @@ _VALUES = {
     "verify": ("--site-packages", "--format"),
     "doctor": ("--site-packages", "--python", "--pack", "--serve-args", "--format"),
 }
-_FLAGS = {"--json": ("format", "json"), "-q": ("verbosity", -1), "--quiet": ("verbosity", -1),
-          "-v": ("verbosity", 1), "--verbose": ("verbosity", 1), "--fix-config": ("fix_config", True)}
+_FLAGS = {
+    "--json": ("format", "json"),
+    "-q": ("verbosity", -1),
+    "--quiet": ("verbosity", -1),
+    "-v": ("verbosity", 1),
+    "--verbose": ("verbosity", 1),
+    "--fix-config": ("fix_config", True),
+}
 
 
 def _plain_options(args: list[str], command: str) -> dict | None:
@@ -120,11 +128,11 @@ def _fast_verify(args: list[str]) -> int | None:
     from patch_dsv4.render import render, write_failure
 
     target_args = "" if site is None else f" --site-packages {quick.quote(site)}"
-    report = quick.recorded_report(located, recorded, target_args)
-    render(report, options["format"], options["verbosity"])
-    if report.exit_code:  # stderr, so also beside --json
-        write_failure(report)
-    return report.exit_code
+    document = quick.recorded_document(located, recorded, target_args)  # a document: no typed report to import
+    render(document, options["format"], options["verbosity"])
+    if document["exit_code"]:  # stderr, so also beside --json
+        write_failure(document)
+    return document["exit_code"]
 
 
 def _fast_doctor(args: list[str]) -> int | None:
@@ -134,8 +142,13 @@ def _fast_doctor(args: list[str]) -> int | None:
     from patch_dsv4.doctor.run import doctor_command
 
     return doctor_command(
-        options.get("site_packages"), options.get("python"), options.get("pack"), options.get("serve_args"),
-        options.get("fix_config", False), options["format"], options["verbosity"],
+        options.get("site_packages"),
+        options.get("python"),
+        options.get("pack"),
+        options.get("serve_args"),
+        options.get("fix_config", False),
+        options["format"],
+        options["verbosity"],
     )
 
 

@@ -166,8 +166,11 @@ def _is_source_relpath(rel: object) -> bool:
     if not isinstance(rel, str) or "\0" in rel or "\\" in rel or rel.startswith("/"):
         return False
     parts = rel.split("/")
-    return posixpath.normpath(rel) == rel and parts[0] == "vllm" and rel.endswith(".py") and not (
-        {"", ".", ".."} & set(parts)
+    return (
+        posixpath.normpath(rel) == rel
+        and parts[0] == "vllm"
+        and rel.endswith(".py")
+        and not ({"", ".", ".."} & set(parts))
     )
 
 
@@ -404,7 +407,8 @@ def recorded_verdicts(site: Site, manifest: dict | None = None, hasher: Hasher |
             return None
     except (KeyError, TypeError, AttributeError):
         return None
-    detail = f"known build: vLLM {site.vllm_version} matches anchors/vllm-{site.vllm_version}.json ({len(record['files'])} files)"
+    record_name = f"anchors/vllm-{site.vllm_version}.json"
+    detail = f"known build: vLLM {site.vllm_version} matches {record_name} ({len(record['files'])} files)"
     return Recorded(verdicts, detail, opt_in)
 
 
@@ -449,36 +453,60 @@ def known_verdicts(site: Site) -> dict | None:
     return recorded.verdicts if recorded is not None else None
 
 
-def recorded_report(site: Site, recorded: Recorded, target_args: str = ""):
-    """The verify report of recorded verdicts (the same document the full judgement gives)."""
+def recorded_document(site: Site, recorded: Recorded, target_args: str = "") -> dict:
+    """The verify document of recorded verdicts (the document the full judgement gives), without the typed model."""
     from patch_dsv4.errors import EXIT_NEEDS_ACTION
-    from patch_dsv4.verdicts import EditReport, PatchReport, Report, Verdict, next_step, summary_line
+    from patch_dsv4.render import (
+        NEEDS_ACTION,
+        edit_document,
+        next_command,
+        patch_document,
+        report_document,
+        summary_text,
+    )
 
-    patches = tuple(
-        PatchReport(
-            pid, v["title"], Verdict(v["verdict"]), tuple(v["files"]), v["detail"],
-            tuple(
-                EditReport(
-                    e["label"], e["file"], e["scope"], Verdict(e["verdict"]), e["detail"], e.get("expected"), e.get("found"),
+    patches = [
+        patch_document(
+            pid,
+            v["title"],
+            v["verdict"],
+            v["files"],
+            v["detail"],
+            [
+                edit_document(
+                    e["label"],
+                    e["file"],
+                    e["scope"],
+                    e["verdict"],
+                    e["detail"],
+                    e.get("expected"),
+                    e.get("found"),
                     e.get("foreign"),
                 )
                 for e in v.get("edits", [])
-            ),
+            ],
         )
         for pid, v in sorted(recorded.verdicts.items())
-    )
-    bad = [p for p in patches if p.verdict.needs_action]
-    return Report(
+    ]
+    bad = [p["verdict"] for p in patches if p["verdict"] in NEEDS_ACTION]
+    return report_document(
         command="verify",
+        exit_code=EXIT_NEEDS_ACTION if bad else 0,
         target=site.site_packages,
         vllm_version=site.vllm_version,
         flashinfer_version=site.flashinfer_version,
         flashinfer_source=site.flashinfer_source,
-        patches=patches,
-        state="current",
-        exit_code=EXIT_NEEDS_ACTION if bad else 0,
-        summary=summary_line("verify", patches, "hashes match the recorded state"),
         build={"known": True, "detail": recorded.build_detail},
-        next_step=next_step(target_args, bad),
+        state="current",
+        patches=patches,
+        summary=summary_text("verify", (p["verdict"] for p in patches), "hashes match the recorded state"),
         backups=os.path.join(site.site_packages, STATE_DIR, "backups"),
+        next_step=next_command(target_args, bad),
     )
+
+
+def recorded_report(site: Site, recorded: Recorded, target_args: str = ""):
+    """The verify report of recorded verdicts, typed: :func:`recorded_document` as a verdicts.Report."""
+    from patch_dsv4.verdicts import Report
+
+    return Report.from_json(recorded_document(site, recorded, target_args))
