@@ -14,9 +14,9 @@ Only ``json`` and ``hashlib`` here: the fast paths that call
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Mapping
 
 # The package's file list lives with the fast paths, which must not import this module's dataclasses.
 from patch_dsv4.quick import PACKAGE_DIR, file_set_change, listed_package_files, package_files  # noqa: F401
@@ -119,7 +119,9 @@ def known_release(
     if record is None:
         versions = recorded_versions(directory)
         span = f"{versions[0]}-{versions[-1]}" if versions else "none"
-        return BuildMatch(False, vllm_version, f"unknown build: no anchors recorded for vLLM {vllm_version} (recorded: {span})")
+        return BuildMatch(
+            False, vllm_version, f"unknown build: no anchors recorded for vLLM {vllm_version} (recorded: {span})"
+        )
     change = file_set_change(record, files)
     if change is not None:
         return BuildMatch(False, vllm_version, f"unknown build of vLLM {vllm_version}: {change} in {PACKAGE_DIR}")
@@ -134,7 +136,9 @@ def known_release(
             mismatched,
         )
     return BuildMatch(
-        True, vllm_version, f"known build: vLLM {vllm_version} matches anchors/vllm-{vllm_version}.json ({len(record['files'])} files)"
+        True,
+        vllm_version,
+        f"known build: vLLM {vllm_version} matches anchors/vllm-{vllm_version}.json ({len(record['files'])} files)",
     )
 
 

@@ -161,7 +161,9 @@ def drift(target: ReleaseTarget, strict: bool = False, anchors_dir=None) -> Drif
     files_read = tuple(judged.ctx.files_read())
     hashes = {rel: _sha256(target, rel) for rel in files_read}
     build = anchors_store.known_release(
-        target.vllm_version, lambda rel: hashes[rel] if rel in hashes else _sha256(target, rel), anchors_dir,
+        target.vllm_version,
+        lambda rel: hashes[rel] if rel in hashes else _sha256(target, rel),
+        anchors_dir,
         files=target.package_files(),
     )
 

@@ -16,8 +16,8 @@ import difflib
 import functools
 import inspect
 import textwrap
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Sequence
 
 from patch_dsv4.fingerprint import find_scope, normalize_node, statements
 from patch_dsv4.patch import INJECTED_PREFIX, Context, Edit, Scope
@@ -43,7 +43,7 @@ class Variant:
     releases: str = ""  # which releases ship this anchor, for people reading the patch
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def helper_source(function: Callable) -> str:
     """The source of a module-level helper function, exactly as its module has it (decorators excluded)."""
     module_source = inspect.getsource(inspect.getmodule(function))
@@ -90,7 +90,7 @@ def _named(node: ast.AST) -> Iterator[str]:
             yield name
 
 
-def mentions_injected(node: ast.AST, names: "frozenset[str] | None" = None) -> bool:
+def mentions_injected(node: ast.AST, names: frozenset[str] | None = None) -> bool:
     """Whether ``node`` names anything with the injected prefix (a name, a def, an attribute).
 
     With ``names``, only those count: an edit asks about its own, so that a sibling's edit in the same scope (of
@@ -118,7 +118,7 @@ class ForeignEdit:
     script: str
     recipe: str
     meaning: str
-    found: Callable[[ast.Module, "ast.AST | None"], "str | None"] = field(compare=False)
+    found: Callable[[ast.Module, ast.AST | None], str | None] = field(compare=False)
 
     def outcome(self, label: str, where: str, evidence: str) -> Outcome:
         return Outcome(
@@ -185,7 +185,9 @@ class ReplaceStatements(Edit):
         if tree is None:
             return Outcome.not_applicable(f"{self.file} is not part of this release")
         if scope is None:
-            return Outcome.drifted(f"{self.scope} not found in {self.file}", expected=f"def {self.scope}", found="(absent)")
+            return Outcome.drifted(
+                f"{self.scope} not found in {self.file}", expected=f"def {self.scope}", found="(absent)"
+            )
         helpers_ok, helper_problem = self._helpers_state(tree)
         for index, variant in enumerate(self.variants):
             ours = find_sequences(scope, statements(variant.replacement))
@@ -272,7 +274,9 @@ class ReplaceStatements(Edit):
             if new[0] is matched[0]:
                 new[0] = new[0].with_changes(leading_lines=[*new[0].leading_lines, *comments])
             else:
-                new[0] = new[0].with_changes(leading_lines=[*matched[0].leading_lines, *comments, *new[0].leading_lines])
+                new[0] = new[0].with_changes(
+                    leading_lines=[*matched[0].leading_lines, *comments, *new[0].leading_lines]
+                )
                 for k in range(1, len(new)):
                     if new[k] is matched[0]:  # vLLM's comment above it now stands above our statement, once
                         kept = [line for line in matched[0].leading_lines if line.comment is None]

@@ -15,10 +15,10 @@ import hashlib
 import json
 import subprocess
 import sys
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from importlib.metadata import Distribution, distributions
 from pathlib import Path
-from typing import Iterable, Mapping
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
@@ -161,7 +161,8 @@ def find_distribution(name: str, search_path: Iterable[Path], package: str | Non
                 raise EnvironmentProblem(
                     f"two {wanted} dist-infos in {entry} ({both}) match the files on disk equally well",
                     "nothing tells which release is installed",
-                    f"reinstall {wanted} there (pip install --force-reinstall --no-deps), or remove the stale dist-info",
+                    f"reinstall {wanted} there (pip install --force-reinstall --no-deps), "
+                    "or remove the stale dist-info",
                 )
             return scored[0][1]
     return None
@@ -215,8 +216,12 @@ def ask_interpreter(python: str) -> Interpreter:
         paths = tuple(Path(p) for p in data["path"] if isinstance(p, str))
         version, machine = data.get("version"), data.get("machine")
     except (ValueError, KeyError, TypeError):
-        raise EnvironmentProblem(f"{python} is not a Python interpreter", "it did not report its sys.path", advice) from None
-    return Interpreter(python, paths, version if isinstance(version, str) else None, machine if isinstance(machine, str) else None)
+        raise EnvironmentProblem(
+            f"{python} is not a Python interpreter", "it did not report its sys.path", advice
+        ) from None
+    return Interpreter(
+        python, paths, version if isinstance(version, str) else None, machine if isinstance(machine, str) else None
+    )
 
 
 @dataclass(frozen=True)

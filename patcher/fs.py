@@ -27,10 +27,10 @@ import os
 import re
 import secrets
 import stat
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
 
 from patch_dsv4.manifest_rules import UnsafePath, checked_relpath
 
@@ -147,21 +147,21 @@ class Dir:
             os.close(self.fd)
             self.fd = -1
 
-    def __enter__(self) -> "Dir":
+    def __enter__(self) -> Dir:
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
 
     @classmethod
-    def open(cls, path: Path, follow: bool = True) -> "Dir":
+    def open(cls, path: Path, follow: bool = True) -> Dir:
         flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
         try:
             return cls(os.open(path, flags), path)
         except OSError as exc:
             raise UnsafePath(f"cannot open the directory {path}", describe(exc)) from None
 
-    def child(self, name: str, create_mode: int | None = None, owner: Owner | None = None) -> "Dir | None":
+    def child(self, name: str, create_mode: int | None = None, owner: Owner | None = None) -> Dir | None:
         """The real subdirectory ``name`` (never a symlink); created when ``create_mode`` is given.
 
         None when it does not exist and is not to be created.
@@ -195,7 +195,7 @@ class Dir:
                 _apply_owner(child.fd, owner, mode)
         return True
 
-    def walk_to(self, parts: tuple[str, ...], create_mode: int | None = None, owner: Owner | None = None) -> "Dir | None":
+    def walk_to(self, parts: tuple[str, ...], create_mode: int | None = None, owner: Owner | None = None) -> Dir | None:
         """The real subdirectory at ``parts`` below this one, each part a real directory."""
         current: Dir | None = Dir(os.dup(self.fd), self.path)
         for part in parts:
@@ -442,7 +442,9 @@ class PackageTree:
         try:
             fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_PATH, dir_fd=directory.fd)
         except OSError as exc:
-            raise FileNotFoundError(exc.errno, f"{directory.path / name}: a link that leads nowhere ({describe(exc)})") from None
+            raise FileNotFoundError(
+                exc.errno, f"{directory.path / name}: a link that leads nowhere ({describe(exc)})"
+            ) from None
         try:
             where = _fd_location(fd) or os.path.realpath(directory.path / name)
         finally:

@@ -88,7 +88,9 @@ def check_manifest(data: object, declared: Iterable[str], patch_ids: Iterable[st
     declared = frozenset(declared)
     ids = frozenset(patch_ids)
     data = _obj(data, "the manifest")
-    _expect(data.get("schema") in READABLE_SCHEMAS, f"schema {data.get('schema')!r}, this tool reads {READABLE_SCHEMAS}")
+    _expect(
+        data.get("schema") in READABLE_SCHEMAS, f"schema {data.get('schema')!r}, this tool reads {READABLE_SCHEMAS}"
+    )
     _str(data.get("vllm_version"), "vllm_version")
     _str(data.get("tool_version"), "tool_version")
     _str(data.get("patch_digest"), "patch_digest", optional=True)
@@ -129,7 +131,10 @@ def check_manifest(data: object, declared: Iterable[str], patch_ids: Iterable[st
         _expect(key in ("version", "source"), f"flashinfer has an unknown key {key!r}")
         _str(value, f"flashinfer.{key}", optional=True)
     opt_in = data.get("opt_in", [])
-    _expect(isinstance(opt_in, list) and all(isinstance(p, str) and p in ids for p in opt_in), "opt_in names unknown patches")
+    _expect(
+        isinstance(opt_in, list) and all(isinstance(p, str) and p in ids for p in opt_in),
+        "opt_in names unknown patches",
+    )
     transaction = data.get("transaction")
     if transaction is not None:
         transaction = _obj(transaction, "transaction")

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import ast
 import sys
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from functools import lru_cache
 from dataclasses import dataclass
-from typing import Callable, ClassVar, Iterator, Sequence
+from functools import lru_cache
+from typing import ClassVar
 
 from patch_dsv4.errors import EnvironmentProblem
 from patch_dsv4.fs import DanglingLink
@@ -81,11 +82,20 @@ class Context:
         self._lookups: list[set[tuple[str, str, bool]]] = []
 
     @classmethod
-    def from_texts(cls, texts: dict[str, str], vllm_version: str = "0.0.0", flashinfer_version: str | None = None,
-                   flashinfer_source: str | None = None) -> "Context":
+    def from_texts(
+        cls,
+        texts: dict[str, str],
+        vllm_version: str = "0.0.0",
+        flashinfer_version: str | None = None,
+        flashinfer_source: str | None = None,
+    ) -> Context:
         """A context over a few files given as text (examples and unit tests)."""
-        return cls(vllm_version, flashinfer_version, flashinfer_source,
-                   lambda rel: texts[rel].encode() if rel in texts else None)
+        return cls(
+            vllm_version,
+            flashinfer_version,
+            flashinfer_source,
+            lambda rel: texts[rel].encode() if rel in texts else None,
+        )
 
     def _file(self, relpath: str) -> _File:
         for readers in self._readers:

@@ -32,7 +32,8 @@ class PatchDefinitionError(TransformBug):
 
 def _refuse(patch: type[Patch], why: str) -> PatchDefinitionError:
     return PatchDefinitionError(
-        f"patch {getattr(patch, 'id', patch.__name__)} ({patch.__module__}) is not well-formed", why,
+        f"patch {getattr(patch, 'id', patch.__name__)} ({patch.__module__}) is not well-formed",
+        why,
         "fix the patch module; see README, 'Adding a patch'",
     )
 
@@ -73,7 +74,9 @@ def check_patch(patch: type[Patch]) -> None:
             if not helper.__name__.startswith(INJECTED_PREFIX):
                 raise _refuse(patch, f"helper {helper.__name__} is not named {INJECTED_PREFIX}*")
             if f"patch-dsv4 ({pid})" not in (helper.__doc__ or ""):
-                raise _refuse(patch, f"helper {helper.__name__}'s docstring does not say 'Written by patch-dsv4 ({pid})'")
+                raise _refuse(
+                    patch, f"helper {helper.__name__}'s docstring does not say 'Written by patch-dsv4 ({pid})'"
+                )
             if helper_source(helper).lstrip().startswith("@"):
                 raise _refuse(patch, f"helper {helper.__name__} is decorated; injected helpers are plain functions")
 

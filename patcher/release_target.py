@@ -21,10 +21,10 @@ import subprocess
 import sys
 import time
 import zipfile
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from email.parser import HeaderParser
 from pathlib import Path
-from typing import Callable, Sequence
 
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
@@ -68,7 +68,7 @@ class ReleaseTarget:
     def close(self) -> None:
         self._close()
 
-    def __enter__(self) -> "ReleaseTarget":
+    def __enter__(self) -> ReleaseTarget:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -120,9 +120,7 @@ def _wheel_target(path: Path, archive: zipfile.ZipFile) -> ReleaseTarget:
     if not name or not version:
         raise EnvironmentProblem(f"{path} is not a wheel", f"{metadata[0]} has no Name or Version", "")
     if canonicalize_name(name) != VLLM:
-        raise EnvironmentProblem(
-            f"{path} is a wheel of {name} {version}, not of vLLM", "", "pass a vllm-*.whl file"
-        )
+        raise EnvironmentProblem(f"{path} is a wheel of {name} {version}, not of vLLM", "", "pass a vllm-*.whl file")
     # Root-is-purelib wheels keep vllm/ at the top; others under <name>.data/{purelib,platlib}/.
     members = {n: n for n in names}
     for n in names:
@@ -179,14 +177,14 @@ def _checkout_pin(root: Path) -> tuple[str, str] | None:
     return None
 
 
-def open_source(
-    root: Path, vllm_version: str | None = None, flashinfer_version: str | None = None
-) -> ReleaseTarget:
+def open_source(root: Path, vllm_version: str | None = None, flashinfer_version: str | None = None) -> ReleaseTarget:
     """A directory with vllm/ under it: an installed tree (with its dist-info) or a checkout."""
     if not root.exists():
         raise EnvironmentProblem(f"no such directory: {root}", "", "pass --source a directory holding vllm/")
     if not root.is_dir():
-        raise EnvironmentProblem(f"{root} is not a directory", "", "pass --source a directory holding vllm/, or --wheel FILE")
+        raise EnvironmentProblem(
+            f"{root} is not a directory", "", "pass --source a directory holding vllm/, or --wheel FILE"
+        )
     if not (root / "vllm" / "__init__.py").is_file():
         raise EnvironmentProblem(
             f"no vllm/ package under {root}", "no vllm/__init__.py there", "pass the directory that holds vllm/"
@@ -298,8 +296,18 @@ def fetch_wheel(
     extra = [arg for option in pip_options for arg in shlex.split(option)]
     on_terminal = sys.stderr.isatty()
     command = [
-        sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check",
-        *([] if on_terminal else ["--quiet"]), "--dest", str(cache_dir), *extra, f"vllm=={version}",
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--disable-pip-version-check",
+        *([] if on_terminal else ["--quiet"]),
+        "--dest",
+        str(cache_dir),
+        *extra,
+        f"vllm=={version}",
     ]
     if progress is not None:
         progress(f"fetching vllm=={version} with pip into {cache_dir} (a vLLM wheel is about 300 MB)")
@@ -336,6 +344,8 @@ def _pass_through(source, terminal) -> bytes:
         if not chunk:
             return kept
         if terminal is not None:
-            terminal.buffer.write(chunk) if hasattr(terminal, "buffer") else terminal.write(chunk.decode("utf-8", "replace"))
+            terminal.buffer.write(chunk) if hasattr(terminal, "buffer") else terminal.write(
+                chunk.decode("utf-8", "replace")
+            )
             terminal.flush()
         kept = (kept + chunk)[-8192:]

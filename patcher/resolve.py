@@ -13,7 +13,7 @@ import ast
 import builtins
 import inspect
 import textwrap
-from typing import Iterable
+from collections.abc import Iterable
 
 from patch_dsv4.patch import Context
 
@@ -190,7 +190,12 @@ def check_injected(
                         problems.append(f"imports {alias.name} from {module}, which does not define it")
                     imported[alias.asname or alias.name] = (module, alias.name)
         for name in sorted(_free_names(tree)):
-            if name not in target_names and name not in imported and name not in scope_names and name not in injected_defs:
+            if (
+                name not in target_names
+                and name not in imported
+                and name not in scope_names
+                and name not in injected_defs
+            ):
                 problems.append(f"uses {name}, which {target_file} does not define")
         for node in ast.walk(tree):
             if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)):

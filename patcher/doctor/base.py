@@ -17,9 +17,9 @@ import json
 import os
 import shlex
 import stat
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Mapping
 
 PASS, WARN, FAIL, SKIP, INFO = "pass", "warn", "fail", "skip", "info"
 STATUSES = (PASS, WARN, FAIL, SKIP, INFO)
@@ -168,7 +168,7 @@ class DoctorContext:
     _cache: dict = field(default_factory=dict, repr=False)
 
     @classmethod
-    def from_serve_args(cls, text: str | None, **kwargs) -> "DoctorContext":
+    def from_serve_args(cls, text: str | None, **kwargs) -> DoctorContext:
         return cls(serve_args=tuple(shlex.split(text or "")), **kwargs)
 
     def cached(self, key: str, compute: Callable[[], object]):
@@ -282,8 +282,12 @@ def run_checks(ctx: DoctorContext, checks: Iterable[CheckSpec] | None = None) ->
             continue
         except Exception as exc:  # a bug in one check must not hide the others
             rows.append(
-                Row(spec.id, FAIL, f"internal error in this check: {type(exc).__name__}: {exc}",
-                    "report this bug to patch-dsv4 with the command you ran")
+                Row(
+                    spec.id,
+                    FAIL,
+                    f"internal error in this check: {type(exc).__name__}: {exc}",
+                    "report this bug to patch-dsv4 with the command you ran",
+                )
             )
             continue
         rows.extend([result] if isinstance(result, Row) else list(result))

@@ -155,8 +155,12 @@ def fix_config(pack: Path, checks: DoctorContext | None = None) -> FixResult:
     except (OSError, UnsafePath) as exc:
         why = exc.line() if isinstance(exc, UnsafePath) else (exc.strerror or str(exc))
         return FixResult(config, refused=f"config.json was not changed: {why}")
-    diff = "".join(difflib.unified_diff(
-        text.splitlines(keepends=True), new_text.splitlines(keepends=True),
-        fromfile=f"{config} (before)", tofile=f"{config}",
-    ))
+    diff = "".join(
+        difflib.unified_diff(
+            text.splitlines(keepends=True),
+            new_text.splitlines(keepends=True),
+            fromfile=f"{config} (before)",
+            tofile=f"{config}",
+        )
+    )
     return FixResult(config, diff=diff, backup=backup)

@@ -59,7 +59,8 @@ def gpu_path(ctx: DoctorContext) -> Row:
 
 
 def _runs_on(sm: int, cubins: set[tuple[int, str]]) -> bool:
-    """CUDA's binary compatibility: a cubin runs on its own SM, and a plain (not arch-specific "a") one on later minors."""
+    """CUDA's binary compatibility: a cubin runs on its own SM, and a plain (not arch-specific "a") one on later
+    minors."""
     return any(
         number == sm or (number // 10 == sm // 10 and number < sm and suffix != "a") for number, suffix in cubins
     )

@@ -42,13 +42,26 @@ EXL3_PARTS = ("trellis", "suh", "svh", "marker")
 SOURCE_PARTS = ("weight", "scale")
 # Each expert's tensors as bits: EXL3 ones at projection * 4 + part, source-format ones from bit 12.
 EXPERT_BITS = {
-    **{(proj, part): p * 4 + (3 if part in ("mcg", "mul1") else EXL3_PARTS.index(part))
-       for p, proj in enumerate(PROJECTIONS) for part in ("trellis", "suh", "svh", "mcg", "mul1")},
-    **{(proj, part): 12 + p * 2 + SOURCE_PARTS.index(part)
-       for p, proj in enumerate(PROJECTIONS) for part in SOURCE_PARTS},
+    **{
+        (proj, part): p * 4 + (3 if part in ("mcg", "mul1") else EXL3_PARTS.index(part))
+        for p, proj in enumerate(PROJECTIONS)
+        for part in ("trellis", "suh", "svh", "mcg", "mul1")
+    },
+    **{
+        (proj, part): 12 + p * 2 + SOURCE_PARTS.index(part)
+        for p, proj in enumerate(PROJECTIONS)
+        for part in SOURCE_PARTS
+    },
 }
-LAYOUT_PART = {"trellis": "trellis", "suh": "suh", "svh": "svh", "mcg": "marker", "mul1": "marker",
-               "weight": "weight", "scale": "scale"}
+LAYOUT_PART = {
+    "trellis": "trellis",
+    "suh": "suh",
+    "svh": "svh",
+    "mcg": "marker",
+    "mul1": "marker",
+    "weight": "weight",
+    "scale": "scale",
+}
 # (projection, part) -> (its bit as a mask, its layout part, whether it is a marker): the scan's hot loop
 EXPERT_PART_INFO = {key: (1 << bit, LAYOUT_PART[key[1]], key[1] in MARKER_VALUES) for key, bit in EXPERT_BITS.items()}
 EXL3_COMPLETE = (1 << 12) - 1
@@ -157,8 +170,11 @@ class PackScan:
                 head, first, expert = parts[0], parts[1], parts[4]
                 # isdecimal, not isdigit: int() refuses "²"; 9 digits at most: int() refuses 4,300
                 if (
-                    (head == "layers" or head == "mtp") and first.isdecimal() and expert.isdecimal()
-                    and len(first) < 10 and len(expert) < 10
+                    (head == "layers" or head == "mtp")
+                    and first.isdecimal()
+                    and expert.isdecimal()
+                    and len(first) < 10
+                    and len(expert) < 10
                 ):
                     layer = int(first)
                     if head == "mtp":
@@ -218,9 +234,15 @@ class PackScan:
     def size(self) -> int:
         """How many things the summary keeps (it is bounded by MAX_SUMMARY, give or take one shard)."""
         return (
-            len(self.experts) + len(self.expert_layouts) + len(self.widths) + sum(map(len, self.widths.values()))
-            + len(self.dense) + sum(map(len, self.dense.values())) + len(self.mtp_blocks)
-            + len(self.gate_bias_layers) + len(self.tid2eid_layers)
+            len(self.experts)
+            + len(self.expert_layouts)
+            + len(self.widths)
+            + sum(map(len, self.widths.values()))
+            + len(self.dense)
+            + sum(map(len, self.dense.values()))
+            + len(self.mtp_blocks)
+            + len(self.gate_bias_layers)
+            + len(self.tid2eid_layers)
         )
 
     # ---- derived facts
@@ -252,9 +274,7 @@ class PackScan:
 def scan_pack(pack: Path) -> PackScan:
     scan = PackScan()
     try:
-        scan.files = sorted(
-            (p for p in pack.iterdir() if p.name.endswith(".safetensors")), key=lambda p: p.name
-        )
+        scan.files = sorted((p for p in pack.iterdir() if p.name.endswith(".safetensors")), key=lambda p: p.name)
     except OSError as exc:
         scan.listing_error = f"{pack} cannot be listed ({exc.strerror or exc})"
         return scan
@@ -265,9 +285,13 @@ def scan_pack(pack: Path) -> PackScan:
         except OSError:
             pass  # reported by pack.shards when the file is opened
         if scan.size() > MAX_SUMMARY:
-            scan.problems.append(ShardError(
-                path, f"not read: the shards before it name more experts, layers and modules than doctor "
-                f"summarises ({MAX_SUMMARY:,}); a DeepSeek-V4 pack has about 13,000"))
+            scan.problems.append(
+                ShardError(
+                    path,
+                    f"not read: the shards before it name more experts, layers and modules than doctor "
+                    f"summarises ({MAX_SUMMARY:,}); a DeepSeek-V4 pack has about 13,000",
+                )
+            )
             continue
         try:
             with Shard(path, budget) as shard:
@@ -373,7 +397,7 @@ def source_mtp_problems(cfg: dict, quant: dict) -> list[str]:
     delegate = quant.get("non_routed_quantization")
     problems = []
     if mode != "source":
-        problems.append(f"mtp_experts is {_json(mode) if mode is not None else 'absent'}, not \"source\"")
+        problems.append(f'mtp_experts is {_json(mode) if mode is not None else "absent"}, not "source"')
     if start != layers:
         problems.append(f"mtp_experts_start_layer is {_echo(start)}, not num_hidden_layers ({layers})")
     if not (isinstance(delegate, dict) and delegate.get("quant_method")):
@@ -571,9 +595,7 @@ def _registered_quant_methods(text: str) -> set[str] | None:
         else:
             continue
         if any(isinstance(t, ast.Name) and t.id == "QuantizationMethods" for t in targets):
-            return {
-                c.value for c in ast.walk(node.value) if isinstance(c, ast.Constant) and isinstance(c.value, str)
-            }
+            return {c.value for c in ast.walk(node.value) if isinstance(c, ast.Constant) and isinstance(c.value, str)}
     return None
 
 
@@ -586,11 +608,15 @@ def check_config(ctx: DoctorContext) -> Row:
     try:
         cfg = ctx.config()
     except PackUnreadable as exc:
-        return Row("pack.config", FAIL, str(exc),
-                   f"config.json is missing or invalid in {ctx.pack}; download the pack again.")
-    return Row("pack.config", PASS,
-               f"config.json read: model_type {_echo(cfg.get('model_type'))}, "
-               f"num_hidden_layers {_echo(cfg.get('num_hidden_layers'))}, {len(cfg)} top-level keys.")
+        return Row(
+            "pack.config", FAIL, str(exc), f"config.json is missing or invalid in {ctx.pack}; download the pack again."
+        )
+    return Row(
+        "pack.config",
+        PASS,
+        f"config.json read: model_type {_echo(cfg.get('model_type'))}, "
+        f"num_hidden_layers {_echo(cfg.get('num_hidden_layers'))}, {len(cfg)} top-level keys.",
+    )
 
 
 @check("pack.text-config", needs=("pack",))
@@ -602,14 +628,19 @@ def check_text_config(ctx: DoctorContext) -> Row:
         return Row("pack.text-config", PASS, "config.json is flat (no text_config), as DeepSeek-V4 expects.")
     text_config = cfg["text_config"]
     if text_config == {}:
-        return Row("pack.text-config", FAIL,
-                   'config.json has an empty "text_config", which vLLM adopts as the whole text config.',
-                   'Delete the "text_config" key (the DeepSeek-V4 config is flat)' + _fix_config_note(ctx) + ".")
+        return Row(
+            "pack.text-config",
+            FAIL,
+            'config.json has an empty "text_config", which vLLM adopts as the whole text config.',
+            'Delete the "text_config" key (the DeepSeek-V4 config is flat)' + _fix_config_note(ctx) + ".",
+        )
     if not isinstance(text_config, dict) or "num_attention_heads" not in text_config:
-        return Row("pack.text-config", FAIL,
-                   'config.json has a "text_config" without num_attention_heads; vLLM adopts it and fails to parse.',
-                   'Delete the "text_config" key by hand (the DeepSeek-V4 config is flat: its keys belong at the '
-                   "top level).")
+        return Row(
+            "pack.text-config",
+            FAIL,
+            'config.json has a "text_config" without num_attention_heads; vLLM adopts it and fails to parse.',
+            'Delete the "text_config" key by hand (the DeepSeek-V4 config is flat: its keys belong at the top level).',
+        )
     return Row("pack.text-config", PASS, "text_config is present and names num_attention_heads.")
 
 
@@ -626,14 +657,19 @@ def check_quant_method(ctx: DoctorContext) -> Row:
     found = "absent" if method is None else _echo(method)
     refusal = fixer_refusal(ctx)
     if refusal is None:
-        how = (f'Set "quant_method": "exl3"{_fix_config_note(ctx)}; for the archived fork route use '
-               f'the recipe\'s "python scripts/fix_pack_config.py {shlex.quote(str(ctx.pack))} --route b".')
+        how = (
+            f'Set "quant_method": "exl3"{_fix_config_note(ctx)}; for the archived fork route use '
+            f'the recipe\'s "python scripts/fix_pack_config.py {shlex.quote(str(ctx.pack))} --route b".'
+        )
     else:
         how = 'Set "quant_method": "exl3" in quantization_config by hand, keeping the rest of the block.'
-    return Row("quant.method", FAIL,
-               f"quantization_config.quant_method is {found}, not \"exl3\": vLLM's deepseek_v4_fp8 override "
-               "replaces --quantization exl3 and the load balloons past memory (~117 GiB) before failing.",
-               how)
+    return Row(
+        "quant.method",
+        FAIL,
+        f'quantization_config.quant_method is {found}, not "exl3": vLLM\'s deepseek_v4_fp8 override '
+        "replaces --quantization exl3 and the load balloons past memory (~117 GiB) before failing.",
+        how,
+    )
 
 
 @check("quant.bits", needs=("pack",))
@@ -645,16 +681,20 @@ def check_quant_bits(ctx: DoctorContext) -> Row:
     k = majority_k(scan)
     suggestion = f" (the shards say {k})" if k else ""
     if "bits" not in quant:
-        return Row("quant.bits", WARN, "quantization_config has no bits; vllm-exl3 then assumes 4.",
-                   f"Set \"bits\" to the K of the layers not listed in layer_bits{suggestion}"
-                   + _fix_config_note(ctx) + ".")
+        return Row(
+            "quant.bits",
+            WARN,
+            "quantization_config has no bits; vllm-exl3 then assumes 4.",
+            f'Set "bits" to the K of the layers not listed in layer_bits{suggestion}' + _fix_config_note(ctx) + ".",
+        )
     bits = valid_bits(quant)
     if bits is None:
-        return Row("quant.bits", FAIL,
-                   f"quantization_config.bits is {_echo(quant['bits'])}; vllm-exl3 accepts 2-6 and refuses "
-                   "the config.",
-                   f"Set \"bits\" to the K of the layers not listed in layer_bits{suggestion}"
-                   + _fix_config_note(ctx) + ".")
+        return Row(
+            "quant.bits",
+            FAIL,
+            f"quantization_config.bits is {_echo(quant['bits'])}; vllm-exl3 accepts 2-6 and refuses the config.",
+            f'Set "bits" to the K of the layers not listed in layer_bits{suggestion}' + _fix_config_note(ctx) + ".",
+        )
     return Row("quant.bits", PASS, f"quantization_config.bits is {bits}.")
 
 
@@ -666,12 +706,15 @@ def check_quant_codebook(ctx: DoctorContext) -> Row:
     scan = pack_scan(ctx)
     codebook = quant.get("codebook", "mcg")
     found = sorted(scan.routed_marker_suffixes)
-    where = (f"the routed experts carry .{'/.'.join(found)} markers" if found
-             else "no routed marker tensors were found")
+    where = f"the routed experts carry .{'/.'.join(found)} markers" if found else "no routed marker tensors were found"
     wanted = wanted_codebook(quant, scan)
     if wanted:
-        return Row("quant.codebook", FAIL, f"codebook {_echo(codebook)} does not match the pack: {where}.",
-                   f'Set "codebook": "{wanted}" in quantization_config' + _fix_config_note(ctx) + ".")
+        return Row(
+            "quant.codebook",
+            FAIL,
+            f"codebook {_echo(codebook)} does not match the pack: {where}.",
+            f'Set "codebook": "{wanted}" in quantization_config' + _fix_config_note(ctx) + ".",
+        )
     stated = "" if "codebook" in quant else " (absent; vllm-exl3 assumes mcg)"
     return Row("quant.codebook", PASS, f'codebook is "{codebook}"{stated} and {where}.')
 
@@ -707,8 +750,10 @@ def _numbering_gaps(files: list[Path]) -> tuple[list[str], int]:
             n += 1
     if len(totals) > 1:
         names = sorted(totals)
-        gaps.append(f"shards of {len(totals)} different sets (of-{', of-'.join(names[:3])}"
-                    + (", ...)" if len(names) > 3 else ")"))
+        gaps.append(
+            f"shards of {len(totals)} different sets (of-{', of-'.join(names[:3])}"
+            + (", ...)" if len(names) > 3 else ")")
+        )
         count += 1
     return gaps, count
 
@@ -723,32 +768,50 @@ def check_shards(ctx: DoctorContext) -> Row:
     pack = shlex.quote(str(ctx.pack))
     redownload = f"hf download <repo-id> --local-dir {pack}"
     if scan.listing_error:
-        return Row("pack.shards", FAIL, scan.listing_error + ".",
-                   f"Check the --pack path and its permissions ({pack}).")
+        return Row(
+            "pack.shards", FAIL, scan.listing_error + ".", f"Check the --pack path and its permissions ({pack})."
+        )
     if not scan.files:
-        return Row("pack.shards", FAIL, f"{ctx.pack} holds no *.safetensors file.",
-                   f"Point --pack at the directory that holds the shards, or download them: {redownload}.")
+        return Row(
+            "pack.shards",
+            FAIL,
+            f"{ctx.pack} holds no *.safetensors file.",
+            f"Point --pack at the directory that holds the shards, or download them: {redownload}.",
+        )
     gaps, gap_count = _numbering_gaps(scan.files)
     leftovers = _leftovers(ctx.pack)
     if scan.problems:
         first = scan.problems[0]
         if first.expected_size is not None:
-            fix = (f"shard {first.path.name} is incomplete (expected {first.expected_size} bytes, found "
-                   f"{first.found_size}); resume the download: {redownload}.")
+            fix = (
+                f"shard {first.path.name} is incomplete (expected {first.expected_size} bytes, found "
+                f"{first.found_size}); resume the download: {redownload}."
+            )
         else:
             fix = f"Re-download {first.path.name} (for a Hub pack: {redownload} resumes and repairs it)."
         detail = _first([str(p) for p in scan.problems])
         return Row("pack.shards", FAIL, f"{len(scan.files)} shards: {detail}.", fix)
     if gaps:
         more = f" (and {gap_count - 1} more)" if gap_count > 1 else ""
-        return Row("pack.shards", FAIL, f"{len(scan.files)} shards, but {gaps[0]}{more} is missing.",
-                   f"Download the missing shards: {redownload}.")
+        return Row(
+            "pack.shards",
+            FAIL,
+            f"{len(scan.files)} shards, but {gaps[0]}{more} is missing.",
+            f"Download the missing shards: {redownload}.",
+        )
     if leftovers:
-        return Row("pack.shards", FAIL, f"an interrupted download left {_first(leftovers)} in the pack.",
-                   f"Finish the download ({redownload}), then delete the leftover files.")
-    return Row("pack.shards", PASS,
-               f"{len(scan.files)} shards, {scan.safetensors_bytes / 1e9:.2f} GB: every header is valid and every "
-               "file is exactly as long as its header says.")
+        return Row(
+            "pack.shards",
+            FAIL,
+            f"an interrupted download left {_first(leftovers)} in the pack.",
+            f"Finish the download ({redownload}), then delete the leftover files.",
+        )
+    return Row(
+        "pack.shards",
+        PASS,
+        f"{len(scan.files)} shards, {scan.safetensors_bytes / 1e9:.2f} GB: every header is valid and every "
+        "file is exactly as long as its header says.",
+    )
 
 
 @check("pack.index", needs=("pack",))
@@ -769,9 +832,13 @@ def check_index(ctx: DoctorContext) -> Row:
     except OSError as exc:
         return Row("pack.index", FAIL, f"{INDEX_NAME} cannot be read ({exc.strerror or exc}).", regenerate)
     if json_cost(raw) > INDEX_MEMORY:
-        return Row("pack.index", FAIL,
-                   f"{INDEX_NAME} holds more JSON values than doctor reads ({len(raw):,} bytes, mostly separators "
-                   "and brackets).", regenerate)
+        return Row(
+            "pack.index",
+            FAIL,
+            f"{INDEX_NAME} holds more JSON values than doctor reads ({len(raw):,} bytes, mostly separators "
+            "and brackets).",
+            regenerate,
+        )
     try:
         weight_map = json.loads(raw).get("weight_map")
     except (ValueError, AttributeError, RecursionError):
@@ -784,13 +851,19 @@ def check_index(ctx: DoctorContext) -> Row:
     unlisted = sorted(name for name in on_disk - listed if scan.tensor_counts.get(name, 1))
     absent = sorted(name for name in listed if not (pack / name).is_file())
     if unlisted:
-        return Row("pack.index", FAIL,
-                   f"{INDEX_NAME} does not list {_first(unlisted)}; vLLM will silently skip it.",
-                   f"{INDEX_NAME} does not list {', '.join(unlisted)}; vLLM will silently skip them. " + regenerate)
+        return Row(
+            "pack.index",
+            FAIL,
+            f"{INDEX_NAME} does not list {_first(unlisted)}; vLLM will silently skip it.",
+            f"{INDEX_NAME} does not list {', '.join(unlisted)}; vLLM will silently skip them. " + regenerate,
+        )
     if absent:
-        return Row("pack.index", FAIL,
-                   f"{INDEX_NAME} names {_first(absent)}, which is not in the pack (FileNotFoundError at load).",
-                   f"Restore {', '.join(absent)} into the pack, or regenerate the index from the files on disk.")
+        return Row(
+            "pack.index",
+            FAIL,
+            f"{INDEX_NAME} names {_first(absent)}, which is not in the pack (FileNotFoundError at load).",
+            f"Restore {', '.join(absent)} into the pack, or regenerate the index from the files on disk.",
+        )
     return Row("pack.index", PASS, f"{INDEX_NAME} lists all {len(on_disk)} *.safetensors files, and each exists.")
 
 
@@ -831,12 +904,20 @@ def check_symlinks(ctx: DoctorContext) -> Row:
             outside.append(f"{entry.name} -> {target}")
     if broken:
         name, reason = broken[0]
-        return Row("pack.symlinks", FAIL, _first([f"{n} is {r}" for n, r in broken]) + ".",
-                   f"{name} is {reason.split(' (')[0]}; copy the real file into the pack in its place "
-                   "(derived packs should not depend on the source pack).")
+        return Row(
+            "pack.symlinks",
+            FAIL,
+            _first([f"{n} is {r}" for n, r in broken]) + ".",
+            f"{name} is {reason.split(' (')[0]}; copy the real file into the pack in its place "
+            "(derived packs should not depend on the source pack).",
+        )
     if outside:
-        return Row("pack.symlinks", WARN, f"{_first(outside)} points outside the pack.",
-                   "Copy the linked files into the pack: deleting or moving the source pack would break this one.")
+        return Row(
+            "pack.symlinks",
+            WARN,
+            f"{_first(outside)} points outside the pack.",
+            "Copy the linked files into the pack: deleting or moving the source pack would break this one.",
+        )
     return Row("pack.symlinks", PASS, "no symlink in the pack is broken or leaves it.")
 
 
@@ -895,15 +976,20 @@ def check_experts_complete(ctx: DoctorContext) -> Row:
             first = f"{block}.{layer}.ffn.experts.{expert}.{_missing_part(bit)}"
         missing += here
     if missing:
-        return Row("experts.complete", FAIL,
-                   f"{_plural(missing, 'routed-expert tensor')} missing (first: {first}); vLLM would leave them "
-                   "uninitialised and generate garbage.",
-                   "Re-download the shards that hold them"
-                   f" (hf download <repo-id> --local-dir {shlex.quote(str(ctx.pack))}).")
+        return Row(
+            "experts.complete",
+            FAIL,
+            f"{_plural(missing, 'routed-expert tensor')} missing (first: {first}); vLLM would leave them "
+            "uninitialised and generate garbage.",
+            f"Re-download the shards that hold them (hf download <repo-id> --local-dir {shlex.quote(str(ctx.pack))}).",
+        )
     blocks = len(list(_expected_experts(dims, by_layer)))
-    return Row("experts.complete", PASS,
-               f"all {dims.experts} experts x 3 projections of {blocks} expert layers are present "
-               f"({dims.layers} main, {blocks - dims.layers} MTP).")
+    return Row(
+        "experts.complete",
+        PASS,
+        f"all {dims.experts} experts x 3 projections of {blocks} expert layers are present "
+        f"({dims.layers} main, {blocks - dims.layers} MTP).",
+    )
 
 
 def _expected_layout(dims: Dims, projection: str, part: str, dtype: str, shape: tuple) -> str | None:
@@ -948,18 +1034,27 @@ def check_experts_shapes(ctx: DoctorContext) -> Row:
     if wrong:
         scalar = any(" [], expected I32 [1]" in w for w in wrong)
         note = " Scalar MCG markers must be stored as [1]." if scalar else ""
-        return Row("experts.shapes", FAIL,
-                   f"{_plural(count, 'expert tensor')} with the wrong layout; {_first(wrong)}.",
-                   f"{wrong[0]} (the vllm-exl3 destination).{note} Re-create those tensors with the right layout "
-                   "(or re-download the pack).")
+        return Row(
+            "experts.shapes",
+            FAIL,
+            f"{_plural(count, 'expert tensor')} with the wrong layout; {_first(wrong)}.",
+            f"{wrong[0]} (the vllm-exl3 destination).{note} Re-create those tensors with the right layout "
+            "(or re-download the pack).",
+        )
     if (dims.intermediate // 16) % tp:
-        return Row("experts.shapes", FAIL,
-                   f"moe_intermediate_size {dims.intermediate} is {dims.intermediate // 16} trellis tiles, which "
-                   f"--tensor-parallel-size {tp} does not divide.",
-                   f"Serve with a --tensor-parallel-size that divides {dims.intermediate // 16}.")
-    return Row("experts.shapes", PASS,
-               f"every routed-expert tensor has the vllm-exl3 layout for hidden {dims.hidden}, intermediate "
-               f"{dims.intermediate}" + (f", split {tp} ways" if tp > 1 else "") + ".")
+        return Row(
+            "experts.shapes",
+            FAIL,
+            f"moe_intermediate_size {dims.intermediate} is {dims.intermediate // 16} trellis tiles, which "
+            f"--tensor-parallel-size {tp} does not divide.",
+            f"Serve with a --tensor-parallel-size that divides {dims.intermediate // 16}.",
+        )
+    return Row(
+        "experts.shapes",
+        PASS,
+        f"every routed-expert tensor has the vllm-exl3 layout for hidden {dims.hidden}, intermediate "
+        f"{dims.intermediate}" + (f", split {tp} ways" if tp > 1 else "") + ".",
+    )
 
 
 @check("experts.one-k", needs=("pack",))
@@ -973,20 +1068,28 @@ def check_experts_one_k(ctx: DoctorContext) -> Row:
     problems = []
     for (block, layer), widths in sorted(scan.widths.items()):
         if len(widths) > 1:
-            problems.append(f"{_block(block, layer)} mixes trellis widths {sorted(widths)} "
-                            f"({', '.join(widths[w] for w in sorted(widths))})")
+            problems.append(
+                f"{_block(block, layer)} mixes trellis widths {sorted(widths)} "
+                f"({', '.join(widths[w] for w in sorted(widths))})"
+            )
         elif next(iter(widths)) % 16:
             problems.append(f"{_block(block, layer)} has trellis width {next(iter(widths))}, not a multiple of 16")
     if problems:
-        return Row("experts.one-k", FAIL, _first(problems) + ".",
-                   f"{problems[0].split(' (')[0]}; per-layer bits cannot express it and the fused MoE needs one K "
-                   "per layer: re-quantize (or re-download) that layer's experts at one K.")
+        return Row(
+            "experts.one-k",
+            FAIL,
+            _first(problems) + ".",
+            f"{problems[0].split(' (')[0]}; per-layer bits cannot express it and the fused MoE needs one K "
+            "per layer: re-quantize (or re-download) that layer's experts at one K.",
+        )
     ks = Counter(k for k in scan.layer_k().values() if k)
     if not ks:
         return Row("experts.one-k", PASS, "the shards hold no routed-expert trellis (see experts.complete).")
-    return Row("experts.one-k", PASS,
-               "every expert layer has one trellis width ("
-               + ", ".join(f"{n} at K{k}" for k, n in sorted(ks.items())) + ").")
+    return Row(
+        "experts.one-k",
+        PASS,
+        "every expert layer has one trellis width (" + ", ".join(f"{n} at K{k}" for k, n in sorted(ks.items())) + ").",
+    )
 
 
 @check("quant.layer-bits", needs=("pack",))
@@ -1002,11 +1105,18 @@ def check_layer_bits(ctx: DoctorContext) -> Row:
     wanted = _json(layer_bits_for(scan, base))
     problems = layer_bits_problems(quant, scan)
     if problems:
-        return Row("quant.layer-bits", FAIL, f"layer_bits does not match the shards: {_first(problems)}.",
-                   f'Set "layer_bits": {wanted} (the layers whose K is not {base})' + _fix_config_note(ctx) + ".")
-    return Row("quant.layer-bits", PASS,
-               f"bits {bits} and layer_bits {_json({str(k): v for k, v in sorted(layer_bits.items())})} match the "
-               f"trellis width of all {len(scan.layer_k())} expert layers.")
+        return Row(
+            "quant.layer-bits",
+            FAIL,
+            f"layer_bits does not match the shards: {_first(problems)}.",
+            f'Set "layer_bits": {wanted} (the layers whose K is not {base})' + _fix_config_note(ctx) + ".",
+        )
+    return Row(
+        "quant.layer-bits",
+        PASS,
+        f"bits {bits} and layer_bits {_json({str(k): v for k, v in sorted(layer_bits.items())})} match the "
+        f"trellis width of all {len(scan.layer_k())} expert layers.",
+    )
 
 
 @check("experts.markers", needs=("pack",))
@@ -1018,15 +1128,20 @@ def check_markers(ctx: DoctorContext) -> Row:
     if skip := _no_shards("experts.markers", scan):
         return skip
     if scan.bad_marker_count:
-        return Row("experts.markers", FAIL,
-                   f"{scan.bad_marker_count} of {scan.markers_checked} markers are wrong; "
-                   f"first: {scan.first_bad_marker}.",
-                   f"{scan.first_bad_marker}: the pack's packed ABI does not match vllm-exl3 (the load would fail "
-                   "after reading every shard); re-download or re-quantize the tensors with wrong markers.")
+        return Row(
+            "experts.markers",
+            FAIL,
+            f"{scan.bad_marker_count} of {scan.markers_checked} markers are wrong; first: {scan.first_bad_marker}.",
+            f"{scan.first_bad_marker}: the pack's packed ABI does not match vllm-exl3 (the load would fail "
+            "after reading every shard); re-download or re-quantize the tensors with wrong markers.",
+        )
     if not scan.markers_checked:
         return Row("experts.markers", PASS, "the pack has no EXL3 marker tensors to read.")
-    return Row("experts.markers", PASS,
-               f"all {scan.markers_checked} EXL3 markers read (4 bytes each) hold their codebook's value.")
+    return Row(
+        "experts.markers",
+        PASS,
+        f"all {scan.markers_checked} EXL3 markers read (4 bytes each) hold their codebook's value.",
+    )
 
 
 # --------------------------------------------------------------------------- checks: dense weights and MTP
@@ -1036,8 +1151,10 @@ def plain_bf16_dense(scan: PackScan) -> list[str]:
     """Dense linears stored as a BF16 ``.weight`` with no scale tensor and no EXL3 trellis."""
     scale_parts = ("scale", "weight_scale_inv", "weight_scale")
     return [
-        module for module, parts in sorted(scan.dense.items())
-        if parts.get("weight", ("",))[0] == "BF16" and "trellis" not in parts
+        module
+        for module, parts in sorted(scan.dense.items())
+        if parts.get("weight", ("",))[0] == "BF16"
+        and "trellis" not in parts
         and not any(p in parts for p in scale_parts)
     ]
 
@@ -1061,25 +1178,37 @@ def check_dense_policy(ctx: DoctorContext) -> Row:
     found = "absent" if policy is None else _echo(policy)
     delegate = quant.get("non_routed_quantization")
     if not (isinstance(delegate, dict) and delegate.get("quant_method")):
-        return Row("dense.policy", PASS,
-                   f"{example}; policy {found}, but with no non_routed_quantization delegate vllm-exl3 keeps them "
-                   "unquantized.")
-    fix = (f'Set "non_routed_dtype_policy": "{STOCK_POLICY}" in quantization_config{_fix_config_note(ctx)}, '
-           "and keep non_routed_quantization for the DSpark draft. (Hub packs downloaded after 2026-09-01 ship "
-           "the fork value.)")
+        return Row(
+            "dense.policy",
+            PASS,
+            f"{example}; policy {found}, but with no non_routed_quantization delegate vllm-exl3 keeps them "
+            "unquantized.",
+        )
+    fix = (
+        f'Set "non_routed_dtype_policy": "{STOCK_POLICY}" in quantization_config{_fix_config_note(ctx)}, '
+        "and keep non_routed_quantization for the DSpark draft. (Hub packs downloaded after 2026-09-01 ship "
+        "the fork value.)"
+    )
     text, where = _vllm_file(ctx, *DSV4_NVIDIA, "model.py")
     if text is None:
-        return Row("dense.policy", WARN,
-                   f"{example}, non_routed_dtype_policy is {found}, and whether vLLM quantizes them at load "
-                   f"(route B) could not be checked: {where}.",
-                   fix + " Keep the policy only on the archived fork runtime with patch_dsv4_loader.py applied.")
+        return Row(
+            "dense.policy",
+            WARN,
+            f"{example}, non_routed_dtype_policy is {found}, and whether vLLM quantizes them at load "
+            f"(route B) could not be checked: {where}.",
+            fix + " Keep the policy only on the archived fork runtime with patch_dsv4_loader.py applied.",
+        )
     if ROUTE_B_MARKER in text:
-        return Row("dense.policy", PASS,
-                   f"{example}; policy {found} with the route-B loader ({ROUTE_B_MARKER} in {where}).")
-    return Row("dense.policy", FAIL,
-               f"non_routed_dtype_policy is {found} with {example}: on stock/nightly vLLM the plugin hands them to "
-               "the fp8 method and the model returns empty or uniform text with no error.",
-               fix)
+        return Row(
+            "dense.policy", PASS, f"{example}; policy {found} with the route-B loader ({ROUTE_B_MARKER} in {where})."
+        )
+    return Row(
+        "dense.policy",
+        FAIL,
+        f"non_routed_dtype_policy is {found} with {example}: on stock/nightly vLLM the plugin hands them to "
+        "the fp8 method and the model returns empty or uniform text with no error.",
+        fix,
+    )
 
 
 @check("mtp.format", needs=("pack",))
@@ -1099,15 +1228,20 @@ def check_mtp_format(ctx: DoctorContext) -> Row:
     mode = quant.get("mtp_experts")
     if fmt == "none":
         if drafting:
-            return Row("mtp.format", FAIL,
-                       "--speculative-config drafts from MTP layers, but the pack has no MTP experts.",
-                       "Drop --speculative-config, or serve a pack that ships its MTP (DSpark) layers.")
+            return Row(
+                "mtp.format",
+                FAIL,
+                "--speculative-config drafts from MTP layers, but the pack has no MTP experts.",
+                "Drop --speculative-config, or serve a pack that ships its MTP (DSpark) layers.",
+            )
         return Row("mtp.format", PASS, "the pack has no MTP experts (no speculative decoding from it).")
     problems, fix = [], ""
     if fmt == "source":
         problems = source_mtp_problems(cfg, quant)
-        fix = (f'Set "mtp_experts": "source", "mtp_experts_start_layer": {layers} and "non_routed_quantization": '
-               f"{_json(FP8_DELEGATE)} in quantization_config" + _fix_config_note(ctx) + ".")
+        fix = (
+            f'Set "mtp_experts": "source", "mtp_experts_start_layer": {layers} and "non_routed_quantization": '
+            f"{_json(FP8_DELEGATE)} in quantization_config" + _fix_config_note(ctx) + "."
+        )
     elif fmt == "exl3":
         bits = declared_bits(quant)
         layer_bits, _ = declared_layer_bits(quant)
@@ -1120,8 +1254,11 @@ def check_mtp_format(ctx: DoctorContext) -> Row:
             if k is not None and declared != k:
                 problems.append(f"layer {index} (mtp.{block}) declares K{declared}, its trellis is K{k}")
                 wanted[str(index)] = k
-        steps = (['remove "mtp_experts" and "mtp_experts_start_layer" from quantization_config']
-                 if mode not in (None, "exl3") else [])
+        steps = (
+            ['remove "mtp_experts" and "mtp_experts_start_layer" from quantization_config']
+            if mode not in (None, "exl3")
+            else []
+        )
         steps += [f'add {_json(wanted)} to "layer_bits"'] if wanted else []
         fix = "For this EXL3 draft, " + " and ".join(steps) + "."
     else:
@@ -1134,10 +1271,12 @@ def check_mtp_format(ctx: DoctorContext) -> Row:
         status, when = FAIL, "--speculative-config drafts from them, so the draft load will fail"
     else:
         status, when = WARN, "with --speculative-config dspark the draft load would fail"
-    return Row("mtp.format", status,
-               f"the pack's MTP experts are {fmt}-format but {_first(problems)}; {when} after the target has "
-               f"loaded{symptom}.",
-               fix)
+    return Row(
+        "mtp.format",
+        status,
+        f"the pack's MTP experts are {fmt}-format but {_first(problems)}; {when} after the target has loaded{symptom}.",
+        fix,
+    )
 
 
 @check("quant.delegate", needs=("pack", "runtime"))
@@ -1150,18 +1289,25 @@ def check_quant_delegate(ctx: DoctorContext) -> Row:
         return Row("quant.delegate", PASS, "quantization_config declares no non_routed_quantization delegate.")
     method = nrq.get("quant_method") if isinstance(nrq, dict) else None
     if not isinstance(method, str):
-        return Row("quant.delegate", FAIL, "non_routed_quantization names no quant_method.",
-                   f'Set "non_routed_quantization": {_json(FP8_DELEGATE)} in quantization_config.')
+        return Row(
+            "quant.delegate",
+            FAIL,
+            "non_routed_quantization names no quant_method.",
+            f'Set "non_routed_quantization": {_json(FP8_DELEGATE)} in quantization_config.',
+        )
     text, where = _vllm_file(ctx, "vllm", "model_executor", "layers", "quantization", "__init__.py")
     methods = _registered_quant_methods(text) if text is not None else None
     if methods is None:
-        return Row("quant.delegate", SKIP,
-                   f"the quantization methods of the installed vLLM could not be read ({where}).")
+        return Row(
+            "quant.delegate", SKIP, f"the quantization methods of the installed vLLM could not be read ({where})."
+        )
     if method not in methods:
-        return Row("quant.delegate", FAIL,
-                   f"non_routed_quantization names {_echo(method)}, which {where} does not register.",
-                   'Use "fp8" (the DeepSeek-V4 block-FP8 declaration): '
-                   f'"non_routed_quantization": {_json(FP8_DELEGATE)}.')
+        return Row(
+            "quant.delegate",
+            FAIL,
+            f"non_routed_quantization names {_echo(method)}, which {where} does not register.",
+            f'Use "fp8" (the DeepSeek-V4 block-FP8 declaration): "non_routed_quantization": {_json(FP8_DELEGATE)}.',
+        )
     return Row("quant.delegate", PASS, f'non_routed_quantization "{method}" is a method this vLLM registers.')
 
 
@@ -1202,16 +1348,25 @@ def check_dense_exl3_map(ctx: DoctorContext) -> Row:
     modules = scan.dense_exl3_modules()
     if not nre and not modules:
         return Row("dense.exl3-map", PASS, "routed-only EXL3: no dense EXL3 tensors and no non_routed_exl3.")
-    restore = ("Restore quantization_config.non_routed_exl3 from the bake's merged config "
-               "(lna-lab tools/dense_bake.py --merge).")
+    restore = (
+        "Restore quantization_config.non_routed_exl3 from the bake's merged config "
+        "(lna-lab tools/dense_bake.py --merge)."
+    )
     if nre and not isinstance(nre, dict):
-        return Row("dense.exl3-map", FAIL,
-                   f"quantization_config.non_routed_exl3 is a JSON {type(nre).__name__}; vllm-exl3 needs an object.",
-                   restore if modules else "Remove non_routed_exl3: this pack has no dense EXL3 tensors.")
+        return Row(
+            "dense.exl3-map",
+            FAIL,
+            f"quantization_config.non_routed_exl3 is a JSON {type(nre).__name__}; vllm-exl3 needs an object.",
+            restore if modules else "Remove non_routed_exl3: this pack has no dense EXL3 tensors.",
+        )
     if not nre:
-        return Row("dense.exl3-map", FAIL,
-                   f"{len(modules)} dense linears are EXL3 (e.g. {modules[0]}.trellis) but quantization_config "
-                   "declares no non_routed_exl3, so vLLM would look for their .weight.", restore)
+        return Row(
+            "dense.exl3-map",
+            FAIL,
+            f"{len(modules)} dense linears are EXL3 (e.g. {modules[0]}.trellis) but quantization_config "
+            "declares no non_routed_exl3, so vLLM would look for their .weight.",
+            restore,
+        )
     base = declared_bits(quant)
     problems: list[tuple[str, str]] = []
     codebook = nre.get("codebook", "mcg")
@@ -1224,44 +1379,74 @@ def check_dense_exl3_map(ctx: DoctorContext) -> Row:
         prefix = _vllm_prefix(module)
         markers = [p for p in parts if p in MARKER_VALUES]
         if len(markers) != 1 or "suh" not in parts or "svh" not in parts:
-            problems.append((f"{module} has {len(markers)} markers and {'suh' in parts}/{'svh' in parts} suh/svh",
-                             f"{module} needs .trellis, .suh, .svh and exactly one .mcg or .mul1; re-run the bake "
-                             "for it."))
+            problems.append(
+                (
+                    f"{module} has {len(markers)} markers and {'suh' in parts}/{'svh' in parts} suh/svh",
+                    f"{module} needs .trellis, .suh, .svh and exactly one .mcg or .mul1; re-run the bake for it.",
+                )
+            )
         shape = parts["trellis"][1]
         width = shape[-1] if shape else 0
         groups[prefix].add(width)
         declared = _declared_dense_bits(nre, prefix, base)
         if declared is None:
-            problems.append((f"{module} is EXL3 but non_routed_exl3 does not declare {prefix}",
-                             f'Add "{prefix}": {{"bits": {width // 16}}} to non_routed_exl3.layers.'))
+            problems.append(
+                (
+                    f"{module} is EXL3 but non_routed_exl3 does not declare {prefix}",
+                    f'Add "{prefix}": {{"bits": {width // 16}}} to non_routed_exl3.layers.',
+                )
+            )
         elif isinstance(declared, str) or declared not in VALID_K:
-            problems.append((f"non_routed_exl3 declares {prefix} bits={declared} (vllm-exl3 accepts 2-6)",
-                             f'Set "bits": {width // 16} for {prefix} in non_routed_exl3.layers.'))
+            problems.append(
+                (
+                    f"non_routed_exl3 declares {prefix} bits={declared} (vllm-exl3 accepts 2-6)",
+                    f'Set "bits": {width // 16} for {prefix} in non_routed_exl3.layers.',
+                )
+            )
         elif declared * 16 != width:
             mismatched[(declared, width // 16)] += 1
-            problems.append((f"non_routed_exl3 declares {prefix} bits={declared} but {module}.trellis has width "
-                             f"{width} (K{width // 16})",
-                             f'Set "bits": {width // 16} for {prefix} in non_routed_exl3.layers.'))
+            problems.append(
+                (
+                    f"non_routed_exl3 declares {prefix} bits={declared} but {module}.trellis has width "
+                    f"{width} (K{width // 16})",
+                    f'Set "bits": {width // 16} for {prefix} in non_routed_exl3.layers.',
+                )
+            )
     for prefix, widths in sorted(groups.items()):
         if len(widths) > 1:
-            problems.append((f"the halves of {prefix} have trellis widths {sorted(widths)}",
-                             f"Re-bake {prefix}'s source linears at one K (both halves of a fused module share it)."))
+            problems.append(
+                (
+                    f"the halves of {prefix} have trellis widths {sorted(widths)}",
+                    f"Re-bake {prefix}'s source linears at one K (both halves of a fused module share it).",
+                )
+            )
     declared_layers = nre.get("layers") if isinstance(nre.get("layers"), dict) else {}
     tp = tensor_parallel(ctx)
     for prefix, entry in declared_layers.items():
         if prefix not in groups:
-            problems.append((f"non_routed_exl3 declares {prefix} but the shards hold no EXL3 tensors for it",
-                             f"Remove {prefix} from non_routed_exl3.layers, or add its baked tensors to the pack."))
+            problems.append(
+                (
+                    f"non_routed_exl3 declares {prefix} but the shards hold no EXL3 tensors for it",
+                    f"Remove {prefix} from non_routed_exl3.layers, or add its baked tensors to the pack.",
+                )
+            )
         if isinstance(entry, dict) and entry.get("bf16_shards") and tp > 1:
-            problems.append((f"{prefix} keeps bf16_shards, which vllm-exl3 refuses at --tensor-parallel-size {tp}",
-                             "Serve at --tensor-parallel-size 1, or bake every shard of it to EXL3."))
+            problems.append(
+                (
+                    f"{prefix} keeps bf16_shards, which vllm-exl3 refuses at --tensor-parallel-size {tp}",
+                    "Serve at --tensor-parallel-size 1, or bake every shard of it to EXL3.",
+                )
+            )
     if not problems:
-        return Row("dense.exl3-map", PASS,
-                   f"non_routed_exl3 declares all {len(groups)} dense EXL3 modules ({len(modules)} linears) with "
-                   "the K of their trellis, one marker each.")
+        return Row(
+            "dense.exl3-map",
+            PASS,
+            f"non_routed_exl3 declares all {len(groups)} dense EXL3 modules ({len(modules)} linears) with "
+            "the K of their trellis, one marker each.",
+        )
     if len(mismatched) == 1 and sum(mismatched.values()) == len(problems):
         ((declared, k),) = mismatched
-        fix = f"non_routed_exl3 declares bits={declared} where the trellis is K{k}: set every such \"bits\" to {k}."
+        fix = f'non_routed_exl3 declares bits={declared} where the trellis is K{k}: set every such "bits" to {k}.'
     else:
         fix = problems[0][1]
     return Row("dense.exl3-map", FAIL, _first([p for p, _ in problems]) + ".", fix)
@@ -1285,29 +1470,49 @@ def check_wo_a_slices(ctx: DoctorContext) -> Row:
     if not slices:
         return Row("dense.wo-a-slices", PASS, "wo_a is stored whole (no attn.wo_a.slice.N tensors).")
     n = max(max(ids) for ids in slices.values()) + 1
-    fix = (f"This pack stores wo_a as {n} slices (lna-lab Dense bake); it serves only at --tensor-parallel-size {n} "
-           "with recipe-lna/patch_dsv4_dense_exl3.py applied.")
+    fix = (
+        f"This pack stores wo_a as {n} slices (lna-lab Dense bake); it serves only at --tensor-parallel-size {n} "
+        "with recipe-lna/patch_dsv4_dense_exl3.py applied."
+    )
     partial = sorted(layer for layer, ids in slices.items() if ids != set(range(n)))
     if partial:
-        return Row("dense.wo-a-slices", FAIL,
-                   f"layer {partial[0]} has wo_a slices {sorted(slices[partial[0]])}, not 0-{n - 1}.",
-                   "Re-run the dense merge: every layer needs all of its wo_a slices.")
+        return Row(
+            "dense.wo-a-slices",
+            FAIL,
+            f"layer {partial[0]} has wo_a slices {sorted(slices[partial[0]])}, not 0-{n - 1}.",
+            "Re-run the dense merge: every layer needs all of its wo_a slices.",
+        )
     tp = tensor_parallel(ctx)
     if tp != n:
-        return Row("dense.wo-a-slices", FAIL,
-                   f"wo_a is stored as {n} slices per layer but --tensor-parallel-size is {tp}.", fix)
+        return Row(
+            "dense.wo-a-slices",
+            FAIL,
+            f"wo_a is stored as {n} slices per layer but --tensor-parallel-size is {tp}.",
+            fix,
+        )
     model, model_where = _vllm_file(ctx, *DSV4_NVIDIA, "model.py")
     sparse, _ = _vllm_file(ctx, *DSV4_NVIDIA, "flashinfer_sparse.py")
     if model is None:
-        return Row("dense.wo-a-slices", WARN,
-                   f"wo_a is stored as {n} slices at TP {tp}; whether vLLM has lna-lab's dense patch could not be "
-                   f"checked: {model_where}.", fix)
+        return Row(
+            "dense.wo-a-slices",
+            WARN,
+            f"wo_a is stored as {n} slices at TP {tp}; whether vLLM has lna-lab's dense patch could not be "
+            f"checked: {model_where}.",
+            fix,
+        )
     if "attn.wo_a.slice." not in model or sparse is None or "_exl3_linears" not in sparse:
-        return Row("dense.wo-a-slices", FAIL,
-                   f"wo_a is stored as {n} slices but {model_where} (and its flashinfer_sparse.py) lack lna-lab's "
-                   "dense patch.", fix)
-    return Row("dense.wo-a-slices", PASS,
-               f"wo_a is stored as {n} slices, served at TP {tp} on a vLLM with lna-lab's dense patch.")
+        return Row(
+            "dense.wo-a-slices",
+            FAIL,
+            f"wo_a is stored as {n} slices but {model_where} (and its flashinfer_sparse.py) lack lna-lab's "
+            "dense patch.",
+            fix,
+        )
+    return Row(
+        "dense.wo-a-slices",
+        PASS,
+        f"wo_a is stored as {n} slices, served at TP {tp} on a vLLM with lna-lab's dense patch.",
+    )
 
 
 # --------------------------------------------------------------------------- checks: model keys
@@ -1325,14 +1530,21 @@ def check_topk_method(ctx: DoctorContext) -> Row:
     if not biased:
         return Row("config.topk-method", PASS, "no routing bias (ffn.gate.bias) on a non-hash layer.")
     if method == "noaux_tc":
-        return Row("config.topk-method", PASS,
-                   f'{_plural(len(biased), "layer")} ship ffn.gate.bias and topk_method is "noaux_tc".')
+        return Row(
+            "config.topk-method",
+            PASS,
+            f'{_plural(len(biased), "layer")} ship ffn.gate.bias and topk_method is "noaux_tc".',
+        )
     found = "absent" if method is None else _echo(method)
-    return Row("config.topk-method", FAIL,
-               f"the checkpoint ships routing biases on {len(biased)} layers (layers.{biased[0]}.ffn.gate.bias) but "
-               f"topk_method is {found}; vLLM will not create e_score_correction_bias.",
-               'Add "topk_method": "noaux_tc" at the top level of config.json (not inside a text_config)'
-               + _fix_config_note(ctx) + ".")
+    return Row(
+        "config.topk-method",
+        FAIL,
+        f"the checkpoint ships routing biases on {len(biased)} layers (layers.{biased[0]}.ffn.gate.bias) but "
+        f"topk_method is {found}; vLLM will not create e_score_correction_bias.",
+        'Add "topk_method": "noaux_tc" at the top level of config.json (not inside a text_config)'
+        + _fix_config_note(ctx)
+        + ".",
+    )
 
 
 @check("config.hash-layers", needs=("pack",))
@@ -1343,14 +1555,19 @@ def check_hash_layers(ctx: DoctorContext) -> Row:
     declared = cfg.get("num_hash_layers")
     layers = sorted(pack_scan(ctx).tid2eid_layers)
     if layers != list(range(len(layers))):
-        return Row("config.hash-layers", FAIL,
-                   f"ffn.gate.tid2eid is on layers {layers}, not on the first {len(layers)}.",
-                   "Re-download the shards holding the first layers' gate tensors.")
+        return Row(
+            "config.hash-layers",
+            FAIL,
+            f"ffn.gate.tid2eid is on layers {layers}, not on the first {len(layers)}.",
+            "Re-download the shards holding the first layers' gate tensors.",
+        )
     if (declared or 0) != len(layers) or isinstance(declared, bool):
-        return Row("config.hash-layers", FAIL,
-                   f"num_hash_layers is {_echo(declared)} but the checkpoint has tid2eid on "
-                   f"{_plural(len(layers), 'layer')}.",
-                   f'Set "num_hash_layers": {len(layers)} in config.json (restore it from the source config).')
+        return Row(
+            "config.hash-layers",
+            FAIL,
+            f"num_hash_layers is {_echo(declared)} but the checkpoint has tid2eid on {_plural(len(layers), 'layer')}.",
+            f'Set "num_hash_layers": {len(layers)} in config.json (restore it from the source config).',
+        )
     return Row("config.hash-layers", PASS, f"num_hash_layers {len(layers)} matches the layers carrying tid2eid.")
 
 
@@ -1370,26 +1587,35 @@ def check_vision(ctx: DoctorContext) -> Row:
     layers = _config_int(cfg, "vision_n_layers") or 0
     scan = pack_scan(ctx)
     if scan.vision_tensors and layers <= 0:
-        return Row("config.vision", FAIL,
-                   f"the pack ships {scan.vision_tensors} vision tensors (e.g. {scan.first_vision_tensor}) but "
-                   f"vision_n_layers is {_echo(cfg.get('vision_n_layers'))}.",
-                   "The pack ships a vision tower but vision_n_layers is 0: vLLM >= 0.30 will pick the text class and "
-                   "reject vision.* / leave gate.bias_vl unset. Restore vision_n_layers from the source config.")
+        return Row(
+            "config.vision",
+            FAIL,
+            f"the pack ships {scan.vision_tensors} vision tensors (e.g. {scan.first_vision_tensor}) but "
+            f"vision_n_layers is {_echo(cfg.get('vision_n_layers'))}.",
+            "The pack ships a vision tower but vision_n_layers is 0: vLLM >= 0.30 will pick the text class and "
+            "reject vision.* / leave gate.bias_vl unset. Restore vision_n_layers from the source config.",
+        )
     if not scan.vision_tensors and layers > 0:
-        return Row("config.vision", WARN,
-                   f"vision_n_layers is {layers} but the pack has no vision tensors; vLLM >= 0.30 would build a "
-                   "vision tower and gate.bias_vl that nothing loads.",
-                   'Set "vision_n_layers": 0 for this text-only pack.')
+        return Row(
+            "config.vision",
+            WARN,
+            f"vision_n_layers is {layers} but the pack has no vision tensors; vLLM >= 0.30 would build a "
+            "vision tower and gate.bias_vl that nothing loads.",
+            'Set "vision_n_layers": 0 for this text-only pack.',
+        )
     if not layers:
         return Row("config.vision", PASS, "text-only pack: no vision tensors and no vision_n_layers.")
     runtime = ctx.runtime
     minor = _vllm_minor(runtime.vllm_version if runtime else None)
     if minor in ((0, 28), (0, 29)):
-        return Row("config.vision", WARN,
-                   f"vision pack ({scan.vision_tensors} vision tensors) on vLLM {runtime.vllm_version}, which has no "
-                   "DeepSeek-V4 vision class.",
-                   "This serves text only and needs patch-dsv4's loader-skips (patch-dsv4 apply); use vLLM >= 0.30 "
-                   "for images.")
+        return Row(
+            "config.vision",
+            WARN,
+            f"vision pack ({scan.vision_tensors} vision tensors) on vLLM {runtime.vllm_version}, which has no "
+            "DeepSeek-V4 vision class.",
+            "This serves text only and needs patch-dsv4's loader-skips (patch-dsv4 apply); use vLLM >= 0.30 "
+            "for images.",
+        )
     return Row("config.vision", PASS, f"vision_n_layers {layers} and {scan.vision_tensors} vision tensors agree.")
 
 
@@ -1401,22 +1627,34 @@ def check_spec_k(ctx: DoctorContext) -> Row:
     if spec is None:
         return Row("config.spec-k", PASS, "no --speculative-config on the serve command line.")
     if isinstance(spec, str):
-        return Row("config.spec-k", FAIL, spec + ".",
-                   "--speculative-config takes a JSON object, e.g. "
-                   """'{"method":"dspark","num_speculative_tokens":3}'.""")
+        return Row(
+            "config.spec-k",
+            FAIL,
+            spec + ".",
+            "--speculative-config takes a JSON object, e.g. "
+            """'{"method":"dspark","num_speculative_tokens":3}'.""",
+        )
     method = spec.get("method")
     if method not in MTP_DRAFT_METHODS:
-        return Row("config.spec-k", PASS,
-                   f"speculative method {_echo(method)} does not draft from the pack's MTP layers.")
+        return Row(
+            "config.spec-k", PASS, f"speculative method {_echo(method)} does not draft from the pack's MTP layers."
+        )
     n = len(pack_scan(ctx).mtp_blocks) or _config_int(ctx.config(), "num_nextn_predict_layers") or 0
     k = spec.get("num_speculative_tokens")
     if n == 0:
-        return Row("config.spec-k", FAIL, f"--speculative-config asks for {method}, but the pack has no MTP layers.",
-                   "Drop --speculative-config, or serve a pack that ships its MTP layers.")
+        return Row(
+            "config.spec-k",
+            FAIL,
+            f"--speculative-config asks for {method}, but the pack has no MTP layers.",
+            "Drop --speculative-config, or serve a pack that ships its MTP layers.",
+        )
     if not isinstance(k, int) or isinstance(k, bool):
-        return Row("config.spec-k", PASS,
-                   f"{method} with num_speculative_tokens unset: vLLM uses the {n} MTP layers.")
+        return Row("config.spec-k", PASS, f"{method} with num_speculative_tokens unset: vLLM uses the {n} MTP layers.")
     if k > n and k % n:
-        return Row("config.spec-k", FAIL, f"num_speculative_tokens is {k} and the pack has {n} MTP layers.",
-                   f"num_speculative_tokens={k} is not allowed with {n} MTP layers; use {n} (or a multiple of {n}).")
+        return Row(
+            "config.spec-k",
+            FAIL,
+            f"num_speculative_tokens is {k} and the pack has {n} MTP layers.",
+            f"num_speculative_tokens={k} is not allowed with {n} MTP layers; use {n} (or a multiple of {n}).",
+        )
     return Row("config.spec-k", PASS, f"num_speculative_tokens {k} fits the pack's {n} MTP layers.")

@@ -23,10 +23,13 @@ from .base import FAIL, STATUSES, DoctorContext, Row, Runtime, clip, run_checks
 
 def _register_checks() -> None:
     """Import the check modules: registration order is report order (pack, runtime, environment, host)."""
-    from . import pack  # noqa: F401  (imported one by one: the order matters)
-    from . import runtime  # noqa: F401
-    from . import environ  # noqa: F401
-    from . import host  # noqa: F401
+    # Imported one by one, in report order, for what importing registers: not sorted, not "unused".
+    # isort: off
+    from . import pack  # noqa: F401 - registers the pack checks
+    from . import runtime  # noqa: F401 - registers the runtime checks
+    from . import environ  # noqa: F401 - registers the environment checks
+    from . import host  # noqa: F401 - registers the host checks
+    # isort: on
 
 
 @dataclass(frozen=True)
@@ -60,7 +63,9 @@ class DoctorReport:
             "vllm_version": self.vllm_version,
             "pack": self.pack,
             "checks": [r.to_json() for r in self.rows],
-            "config_fix": None if self.fixed is None else {
+            "config_fix": None
+            if self.fixed is None
+            else {
                 "config": str(self.fixed.config),
                 "diff": self.fixed.diff,
                 "backup": None if self.fixed.backup is None else str(self.fixed.backup),
@@ -81,7 +86,9 @@ def patch_verdicts(env: Environment) -> tuple[dict[str, str], dict[str, tuple[st
 
     verdicts = quick.known_verdicts(quick.site_of(env))
     if verdicts is not None:
-        return {pid: v["verdict"] for pid, v in verdicts.items()}, {pid: tuple(v["files"]) for pid, v in verdicts.items()}
+        return {pid: v["verdict"] for pid, v in verdicts.items()}, {
+            pid: tuple(v["files"]) for pid, v in verdicts.items()
+        }
     from patch_dsv4 import commands  # the full judgement: only when the hashes cannot vouch
 
     report = commands.status(env)
@@ -126,7 +133,9 @@ def doctor(env: Environment, pack: Path | None, serve_args: str | None, fix_conf
         except OSError as exc:
             raise EnvironmentProblem(f"cannot use --pack {pack}", exc.strerror or str(exc)) from None
         if not is_dir:
-            raise EnvironmentProblem(f"no pack directory at {pack}", "", "pass --pack the directory holding config.json")
+            raise EnvironmentProblem(
+                f"no pack directory at {pack}", "", "pass --pack the directory holding config.json"
+            )
     try:
         args = tuple(shlex.split(serve_args or ""))
     except ValueError as exc:

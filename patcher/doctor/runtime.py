@@ -323,8 +323,7 @@ def flashinfer_decode(ctx: DoctorContext) -> Row:
         return Row(
             "rt.flashinfer",
             FAIL,
-            "flashinfer-python is not installed in the serving environment; "
-            "DeepSeek-V4 on SM12x attends through it.",
+            "flashinfer-python is not installed in the serving environment; DeepSeek-V4 on SM12x attends through it.",
             fix,
         )
     version = runtime.flashinfer_version or "(unknown version)"
@@ -484,7 +483,9 @@ def flashinfer_jit(ctx: DoctorContext) -> Row:
     needs = (
         [f"bin/nvcc under {' or '.join(rule.home_variables)} (else PATH's nvcc, else {rule.default_home})"]
         if rule.home_variables
-        else ["nvcc on PATH"] if "nvcc" in rule.which else []
+        else ["nvcc on PATH"]
+        if "nvcc" in rule.which
+        else []
     )
     needs += [f"{tool} on PATH" for tool in sorted(rule.which - {"nvcc"})]
     if problems:

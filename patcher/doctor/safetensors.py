@@ -48,7 +48,7 @@ import re
 import stat
 import struct
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 from .base import clip, json_cost
@@ -268,7 +268,7 @@ _CANONICAL = re.compile(
 CANONICAL_WINDOW = 8192  # a canonical member is matched only when this much of the header is in memory
 
 
-@lru_cache(maxsize=None)
+@cache
 def _units() -> dict[tuple[bool, bool], re.Pattern]:
     """Patterns that each check one ``value,`` unit of an ignored field in a single match (``"key": value,``
     inside an object), keyed by (inside a list, containers allowed): the value a scalar, or a container of
@@ -316,7 +316,7 @@ class _Reader:
     """One header read in chunks, parsed into the same tensor entries ``json.loads`` gives, with the library's
     verdict; never more than two chunks of it in memory at once."""
 
-    def __init__(self, shard: "Shard", length: int, budget: Budget):
+    def __init__(self, shard: Shard, length: int, budget: Budget):
         self.shard, self.budget = shard, budget
         self.buf, self.pos, self.base = b"", 0, 0
         self.next, self.stop = 8, 8 + length
@@ -692,7 +692,7 @@ class _Reader:
                 raise self.syntax("',' or ']'")
             if items < 3:
                 raise self.fail(
-                    f"tensor {_name(name)} is described by a list of {items} items, not " "[dtype, shape, data_offsets]"
+                    f"tensor {_name(name)} is described by a list of {items} items, not [dtype, shape, data_offsets]"
                 )
             self.pos += 1
         else:
@@ -786,7 +786,7 @@ class Shard:
         self.file_size = 0
         self.size_error: ShardError | None = None
 
-    def __enter__(self) -> "Shard":
+    def __enter__(self) -> Shard:
         try:
             self.fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
             info = os.fstat(self.fd)

@@ -15,10 +15,10 @@ import re
 import shutil
 import signal
 import subprocess
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from email.parser import HeaderParser
 from pathlib import Path
-from typing import Iterable, Sequence
 
 from .base import DoctorContext, Runtime
 
