@@ -265,7 +265,7 @@ class ReplaceStatements(Edit):
             """The replacement, keeping vLLM's own statements (formatting, comments) where it repeats them."""
             new, j = [], 0
             kept = len(replacement) == len(replacement_forms)
-            for node, form in zip(replacement, replacement_forms if kept else [None] * len(replacement)):
+            for node, form in zip(replacement, replacement_forms if kept else [None] * len(replacement), strict=True):
                 if j < len(matched) and form == anchor[j]:
                     new.append(matched[j])
                     j += 1

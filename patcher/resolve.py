@@ -67,12 +67,12 @@ def _signature(func: ast.FunctionDef | ast.AsyncFunctionDef) -> inspect.Signatur
     params = []
     positional = [*a.posonlyargs, *a.args]
     defaults = [None] * (len(positional) - len(a.defaults)) + list(a.defaults)
-    for i, (arg, default) in enumerate(zip(positional, defaults)):
+    for i, (arg, default) in enumerate(zip(positional, defaults, strict=True)):
         kind = inspect.Parameter.POSITIONAL_ONLY if i < len(a.posonlyargs) else inspect.Parameter.POSITIONAL_OR_KEYWORD
         params.append(inspect.Parameter(arg.arg, kind, default=inspect.Parameter.empty if default is None else 0))
     if a.vararg:
         params.append(inspect.Parameter(a.vararg.arg, inspect.Parameter.VAR_POSITIONAL))
-    for arg, default in zip(a.kwonlyargs, a.kw_defaults):
+    for arg, default in zip(a.kwonlyargs, a.kw_defaults, strict=True):
         params.append(
             inspect.Parameter(
                 arg.arg, inspect.Parameter.KEYWORD_ONLY, default=inspect.Parameter.empty if default is None else 0

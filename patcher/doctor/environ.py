@@ -50,7 +50,7 @@ def _read_envs(path: Path) -> VllmEnvs | None:
         and any(isinstance(c, ast.Call) and isinstance(c.func, ast.Name) and c.func.id == "int" for c in ast.walk(f))
     }
     known, int_parsed = set(), set()
-    for key, value in zip(table.keys, table.values):
+    for key, value in zip(table.keys, table.values, strict=True):
         if not (isinstance(key, ast.Constant) and isinstance(key.value, str)):
             continue
         known.add(key.value)

@@ -423,7 +423,7 @@ def model_dims(cfg: dict) -> Dims | str:
     """The geometry the expert contract is derived from, or the reason it cannot be."""
     keys = ("num_hidden_layers", "n_routed_experts", "hidden_size", "moe_intermediate_size")
     values = [_config_int(cfg, key) for key in keys]
-    missing = [key for key, value in zip(keys, values) if value is None or value <= 0]
+    missing = [key for key, value in zip(keys, values, strict=True) if value is None or value <= 0]
     if missing:
         return f"config.json has no positive integer {', '.join(missing)}"
     if values[0] > MAX_LAYERS:
@@ -1025,7 +1025,7 @@ def check_experts_shapes(ctx: DoctorContext) -> Row:
         return Row("experts.shapes", SKIP, dims + ".")
     scan = pack_scan(ctx)
     wrong, count = [], 0
-    for (block, projection, part, dtype, shape), (n, name) in scan.expert_layouts.items():
+    for (_block, projection, part, dtype, shape), (n, name) in scan.expert_layouts.items():
         expected = _expected_layout(dims, projection, part, dtype, shape)
         if expected:
             count += n
