@@ -21,7 +21,7 @@ def error_lines(stderr: str) -> list[str]:
         elif line.startswith("patch-dsv4: why: ") and joined:
             joined[-1] += ": " + line[len("patch-dsv4: why: ") :]
         elif line.startswith("patch-dsv4: next: ") and joined:
-            joined[-1] += f" (next: {line[len('patch-dsv4: next: '):]})"
+            joined[-1] += f" (next: {line[len('patch-dsv4: next: ') :]})"
         else:
             joined.append(line)
     return joined

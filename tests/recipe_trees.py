@@ -83,8 +83,12 @@ SCRIPT_FILES = {
 KNOWN: dict[str, dict[str, str | None]] = {
     # 0.29/0.30 lost the e_score_correction_bias anchor in load_weights; 0.31+ have one 128-col _o_proj left.
     "stock028": {
-        "0.28.0": None, "0.29.0": MODEL, "0.30.0": MODEL,
-        "0.31.0": FLASHINFER, "0.32.0": FLASHINFER, "0.33.0": FLASHINFER,
+        "0.28.0": None,
+        "0.29.0": MODEL,
+        "0.30.0": MODEL,
+        "0.31.0": FLASHINFER,
+        "0.32.0": FLASHINFER,
+        "0.33.0": FLASHINFER,
     },
     # No nvidia/vl_model.py before 0.30 (exit 2); from 0.30 it only re-exports common/vl_model.py (exit 1).
     "stream_load": {v: NVIDIA_VL for v in ("0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0")},
@@ -92,8 +96,12 @@ KNOWN: dict[str, dict[str, str | None]] = {
     "wide_swa": {v: None for v in ("0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0")},
     # 0.31+: compressor.py is written, then flashinfer_sparse.py has one baseline _o_proj, not two.
     "dense_exl3": {
-        "0.28.0": None, "0.29.0": None, "0.30.0": None,
-        "0.31.0": FLASHINFER, "0.32.0": FLASHINFER, "0.33.0": FLASHINFER,
+        "0.28.0": None,
+        "0.29.0": None,
+        "0.30.0": None,
+        "0.31.0": FLASHINFER,
+        "0.32.0": FLASHINFER,
+        "0.33.0": FLASHINFER,
     },
     "attention_compressor": {v: None for v in ("0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0")},
     "aux_streams": {v: None for v in ("0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0")},
@@ -228,7 +236,14 @@ def _script(name: str) -> Callable:
 
 
 def _exact_edit(
-    script: str, tree: Path, rel: str, anchor: str, patched: str, expect: int, suffix: str, changed: list[str],
+    script: str,
+    tree: Path,
+    rel: str,
+    anchor: str,
+    patched: str,
+    expect: int,
+    suffix: str,
+    changed: list[str],
     partial: str,
 ) -> None:
     """The DGX-Spark stock028 and lna dense_exl3 edit step: already / partial / anchor count / backup / write."""
@@ -398,9 +413,7 @@ def apply_stream_load(tree: Path, version: str) -> list[str]:
     ``make_nvidia_vl_model_nightly(..., eager_sort="sorted-mapper")``, not to its default "iter" form.
     """
     if not (tree / NVIDIA_VL).is_file():
-        raise RecipeRefuses(
-            "stream_load", NVIDIA_VL, "missing: this vLLM has no DeepSeek-V4 vision model", exit_code=2
-        )
+        raise RecipeRefuses("stream_load", NVIDIA_VL, "missing: this vLLM has no DeepSeek-V4 vision model", exit_code=2)
     src = _read(tree, NVIDIA_VL)
     if STREAM_LOAD_MARK in src:
         return []
@@ -540,8 +553,9 @@ def apply_dense_exl3(tree: Path, version: str) -> list[str]:
         raise RecipeRefuses("dense_exl3", missing[0], "missing DSV4 vLLM file(s)", exit_code=2)
     changed: list[str] = []
     guess = "refusing to guess"
-    _exact_edit("dense_exl3", tree, COMPRESSOR, COMPRESSOR_QUANT_NONE, DENSE_EXL3_COMPRESSOR, 1, ".orig-lna",
-                changed, guess)
+    _exact_edit(
+        "dense_exl3", tree, COMPRESSOR, COMPRESSOR_QUANT_NONE, DENSE_EXL3_COMPRESSOR, 1, ".orig-lna", changed, guess
+    )
     text = _read(tree, FLASHINFER)
     have = text.count(DENSE_EXL3_MARKER)
     if have == 1:
@@ -554,14 +568,17 @@ def apply_dense_exl3(tree: Path, version: str) -> list[str]:
             new = text.replace(STOCK028_O_PROJ, DENSE_EXL3_O_PROJ)
         else:
             raise RecipeRefuses(
-                "dense_exl3", FLASHINFER,
-                f"expected two matching _o_proj methods; baseline={baseline}, stock028={stock}", written=changed,
+                "dense_exl3",
+                FLASHINFER,
+                f"expected two matching _o_proj methods; baseline={baseline}, stock028={stock}",
+                written=changed,
             )
         _backup(tree, FLASHINFER, ".orig-lna")
         _write(tree, FLASHINFER, new)
         changed.append(FLASHINFER)
-    _exact_edit("dense_exl3", tree, MODEL, STACKED_FUSED_WKV_WGATE_END, DENSE_EXL3_STACKED, 1, ".orig-lna",
-                changed, guess)
+    _exact_edit(
+        "dense_exl3", tree, MODEL, STACKED_FUSED_WKV_WGATE_END, DENSE_EXL3_STACKED, 1, ".orig-lna", changed, guess
+    )
     return changed
 
 
@@ -588,8 +605,7 @@ def _kv_score_helper(name: str, fallback: str) -> str:
 
 def _kv_score_calls(name: str) -> dict[str, str]:
     return {
-        who: f"                return {name}({who}.fused_wkv_wgate, hidden_states)  # LNA-LAB\n"
-        for who in KV_SCORE_MM
+        who: f"                return {name}({who}.fused_wkv_wgate, hidden_states)  # LNA-LAB\n" for who in KV_SCORE_MM
     }
 
 
@@ -693,9 +709,7 @@ class ChainResult:
     refused: dict[str, RecipeRefuses] = field(default_factory=dict)  # only with keep_going
 
 
-def run_chain(
-    tree: Path, version: str, names: Iterable[str] = LNA_CHAIN, *, keep_going: bool = False
-) -> ChainResult:
+def run_chain(tree: Path, version: str, names: Iterable[str] = LNA_CHAIN, *, keep_going: bool = False) -> ChainResult:
     """The lna Dockerfile's patch step: ``names`` (default all six) in LNA_CHAIN order.
 
     The Dockerfile (lna-lab/dsv4-carve) runs all six in one ``RUN a && b && ...``: a script's non-zero exit

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import libcst as cst
 
-from tests.releases import DSV4, cache_lock, cache_dir, copy_tree, pristine_tree, rewrite_record
+from tests.releases import DSV4, cache_dir, cache_lock, copy_tree, pristine_tree, rewrite_record
 
 COMMENT = "# reformatted copy: a comment line that changes nothing"
 

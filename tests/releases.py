@@ -65,7 +65,17 @@ def wheel(project: str, version: str) -> Path:
         if (hit := find()) is not None:
             return hit
         subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "-d", str(directory), f"{project}=={version}"],
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--quiet",
+                "--no-deps",
+                "-d",
+                str(directory),
+                f"{project}=={version}",
+            ],
             check=True,
         )
         hit = find()
@@ -87,8 +97,17 @@ def pristine_tree(version: str) -> Path:
         shutil.rmtree(target, ignore_errors=True)
         subprocess.run(
             [
-                sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-compile",
-                "--disable-pip-version-check", "--target", str(partial), str(whl),
+                sys.executable,
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--no-deps",
+                "--no-compile",
+                "--disable-pip-version-check",
+                "--target",
+                str(partial),
+                str(whl),
             ],
             check=True,
         )
@@ -109,9 +128,7 @@ def copy_tree(source: Path, dest: Path) -> Path:
         return any(p == rel or p.startswith(rel + "/") for p in REAL_COPY)
 
     def inside(rel: str) -> bool:
-        return any(rel == p or rel.startswith(p + "/") for p in REAL_COPY) or rel.split("/")[0].endswith(
-            ".dist-info"
-        )
+        return any(rel == p or rel.startswith(p + "/") for p in REAL_COPY) or rel.split("/")[0].endswith(".dist-info")
 
     for root, dirs, files in os.walk(source):
         rel = Path(root).relative_to(source)

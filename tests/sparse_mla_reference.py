@@ -76,9 +76,7 @@ def sparse_mla_sm120(
     if out is None:
         out = query.new_empty((batch, q_len, num_heads, dim))
     out_flat = out.view(num_tokens, num_heads, out.shape[-1])
-    lse_flat = torch.empty(
-        (num_tokens, num_heads), dtype=torch.float32, device=query.device
-    )
+    lse_flat = torch.empty((num_tokens, num_heads), dtype=torch.float32, device=query.device)
 
     segments = []
     for i, segment in enumerate(sparse_mla_segments):
@@ -122,9 +120,7 @@ def sparse_mla_sm120(
         denom = total
         if sink_log2 is not None:
             denom = total + torch.exp2(sink_log2[None, :] - m_safe)
-        o = torch.einsum("thk,tkd->thd", p, v) / torch.where(
-            empty, torch.ones_like(denom), denom
-        )[..., None]
+        o = torch.einsum("thk,tkd->thd", p, v) / torch.where(empty, torch.ones_like(denom), denom)[..., None]
         o = torch.where(empty[..., None], torch.zeros_like(o), o)
         row_lse = torch.log2(torch.where(empty, torch.ones_like(total), total)) + m_safe
         if sink_log2 is not None:
@@ -156,7 +152,9 @@ def one_softmax_over_the_row(inputs: dict, out: torch.Tensor, compute_dtype=torc
         workspace_buffer=None,
         sparse_mla_segments=[
             SparseMLASegment(inputs["sparse_indices"], inputs["swa_topk_lens"]),
-            SparseMLASegment(inputs["extra_sparse_indices"], inputs["extra_sparse_topk_lens"], inputs["compressed_kv_cache"]),
+            SparseMLASegment(
+                inputs["extra_sparse_indices"], inputs["extra_sparse_topk_lens"], inputs["compressed_kv_cache"]
+            ),
         ],
         out=out.unsqueeze(1),
         sm_scale=inputs["bmm1_scale"],

@@ -63,13 +63,18 @@ class _Stream:
 
 @pytest.mark.parametrize(
     "environ,streams",
-    [({}, 3), ({"PATCH_DSV4_AUX_STREAMS": "0"}, None), ({"LNA_DSV4_AUX_STREAMS": "0"}, None),
-     ({"PATCH_DSV4_AUX_STREAMS": "1"}, 3)],
+    [
+        ({}, 3),
+        ({"PATCH_DSV4_AUX_STREAMS": "0"}, None),
+        ({"LNA_DSV4_AUX_STREAMS": "0"}, None),
+        ({"PATCH_DSV4_AUX_STREAMS": "1"}, 3),
+    ],
     ids=["unset", "patch-dsv4-switch", "lna-switch", "on"],
 )
 @pytest.mark.parametrize("version", ["0.28.0", "0.33.0"])
-def test_the_patched_statement_makes_streams_only_when_not_switched_off(version, environ, streams, make_tree, cli,
-                                                                       monkeypatch):
+def test_the_patched_statement_makes_streams_only_when_not_switched_off(
+    version, environ, streams, make_tree, cli, monkeypatch
+):
     tree = make_tree(version)
     assert cli("apply", "--site-packages", tree, "--with", "aux-streams", "--only", "aux-streams").code == 0
     for name in aux_streams.SWITCHES:
@@ -105,9 +110,9 @@ def _guarded_subscripts(tree: ast.AST, names: set[str]) -> tuple[int, list[str]]
         if isinstance(node, (ast.If, ast.IfExp)):
             inside = guarded | {n for n in names if guards(node.test, n)}
             visit(node.test, guarded)
-            for child in (node.body if isinstance(node.body, list) else [node.body]):
+            for child in node.body if isinstance(node.body, list) else [node.body]:
                 visit(child, inside)
-            for child in (node.orelse if isinstance(node.orelse, list) else [node.orelse]):
+            for child in node.orelse if isinstance(node.orelse, list) else [node.orelse]:
                 visit(child, guarded)
             return
         for child in ast.iter_child_nodes(node):

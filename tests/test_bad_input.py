@@ -15,8 +15,8 @@ import pytest
 
 from patch_dsv4.patches.loader_skips import MODEL
 from patch_dsv4.patches.stream_load import VL_MODEL
-from tests.releases import content_snapshot, rewrite_record, stat_snapshot, wheel_file
 from tests.errors import error_lines
+from tests.releases import content_snapshot, rewrite_record, stat_snapshot, wheel_file
 
 
 def _error(result, *words) -> str:

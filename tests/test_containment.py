@@ -21,8 +21,8 @@ import pytest
 from patch_dsv4.patches.stream_load import VL_MODEL
 from patch_dsv4.patches.wide_swa import FLASHINFER_SPARSE
 from tests.conftest import ROOT
-from tests.releases import content_snapshot, stat_snapshot, wheel_file
 from tests.errors import error_lines
+from tests.releases import content_snapshot, stat_snapshot, wheel_file
 
 COMMANDS = ("status", "verify", "apply", "revert")
 MANIFEST = Path(".patch-dsv4") / "manifest.json"
@@ -104,8 +104,15 @@ def test_manifest_file_outside_what_patches_edit(forged, applied, cli):
         lambda d: d.update(transaction={"op": "rm -rf", "files": {}}),
         lambda d: d.update(transaction={"op": "apply"}),
         lambda d: d.update(transaction={"op": "revert", "files": {VL_MODEL: {"from": "0" * 64}}}),
-        lambda d: d.update(transaction={"op": "apply", "files": {"../../outside/victim.py": {"from": "0" * 64, "to": "1" * 64}}}),
-        lambda d: d.update(transaction={"op": "apply", "files": {"vllm/models/deepseek_v4/nvidia/model.py": {"from": "0" * 64, "to": "1" * 64}}}),
+        lambda d: d.update(
+            transaction={"op": "apply", "files": {"../../outside/victim.py": {"from": "0" * 64, "to": "1" * 64}}}
+        ),
+        lambda d: d.update(
+            transaction={
+                "op": "apply",
+                "files": {"vllm/models/deepseek_v4/nvidia/model.py": {"from": "0" * 64, "to": "1" * 64}},
+            }
+        ),
         lambda d: d.update(transaction=["apply"]),
         lambda d: d["files"][VL_MODEL].update(before=12),
         lambda d: d["files"][VL_MODEL].update(patches="stream-load"),
@@ -114,8 +121,17 @@ def test_manifest_file_outside_what_patches_edit(forged, applied, cli):
         lambda d: d.update(inputs={"/dev/zero": None}),
     ],
     ids=[
-        "unknown-op", "no-files", "move-without-to", "journal-outside", "journal-not-in-manifest", "journal-not-object",
-        "before-not-sha", "patches-not-list", "files-not-object", "input-outside", "input-device",
+        "unknown-op",
+        "no-files",
+        "move-without-to",
+        "journal-outside",
+        "journal-not-in-manifest",
+        "journal-not-object",
+        "before-not-sha",
+        "patches-not-list",
+        "files-not-object",
+        "input-outside",
+        "input-device",
     ],
 )
 def test_malformed_journal_or_manifest(change, applied, cli):
@@ -124,7 +140,9 @@ def test_malformed_journal_or_manifest(change, applied, cli):
     _all_refused(cli, tree, outside)
 
 
-@pytest.mark.parametrize("text", ["[]", '"manifest"', "[" * 100_000 + "]" * 100_000, "{" + '"a":' * 50_000 + "1" + "}" * 50_000])
+@pytest.mark.parametrize(
+    "text", ["[]", '"manifest"', "[" * 100_000 + "]" * 100_000, "{" + '"a":' * 50_000 + "1" + "}" * 50_000]
+)
 def test_manifest_not_an_object_or_nested_deep(text, applied, cli):
     tree, outside = applied
     (tree / MANIFEST).write_text(text)
@@ -140,7 +158,10 @@ def test_fifo_in_the_state_never_hangs(applied, cli):
     for command in ("status", "verify"):
         result = subprocess.run(
             [sys.executable, "-m", "patch_dsv4", command, "--site-packages", str(tree)],
-            cwd=ROOT, capture_output=True, text=True, timeout=120,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
         assert "Traceback" not in result.stderr
         assert result.returncode in (0, 1), result.stderr
@@ -323,9 +344,22 @@ def test_root_apply_keeps_owner_group_and_mode_and_the_owner_can_revert(cli):
                 st = (Path(root) / name).lstat()
                 assert (st.st_uid, st.st_gid) == (OTHER_UID, OTHER_UID), Path(root) / name
         revert = subprocess.run(
-            ["setpriv", f"--reuid={OTHER_UID}", f"--regid={OTHER_UID}", "--clear-groups",
-             sys.executable, "-m", "patch_dsv4", "revert", "--site-packages", str(tree)],
-            cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+            [
+                "setpriv",
+                f"--reuid={OTHER_UID}",
+                f"--regid={OTHER_UID}",
+                "--clear-groups",
+                sys.executable,
+                "-m",
+                "patch_dsv4",
+                "revert",
+                "--site-packages",
+                str(tree),
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
         )
         assert revert.returncode == 0, revert.stderr
         assert content_snapshot(tree) == original

@@ -26,7 +26,7 @@ def _status(tree, cli) -> dict:
     return result.json()
 
 
-def _drift(cli, *args) -> "CliResult":  # noqa: F821
+def _drift(cli, *args) -> CliResult:  # noqa: F821
     return cli("drift", *args, "--json")
 
 
@@ -104,7 +104,7 @@ def test_flashinfer_version_overrides_the_pin(cli):
 
 
 # -- releases made to drift ------------------------------------------------------------
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def files_read(version: str) -> frozenset[str]:
     """The files drift reads from the real wheel of ``version``."""
     from tests.conftest import run_cli
@@ -169,7 +169,10 @@ def test_reformatted_release_is_not_drifted(version, tmp_path, cli, make_tree):
         return reformat_source(text) if name in files_read(version) else None
 
     pristine = _drift(cli, "--wheel", wheel("vllm", version)).json()
-    for args in (("--wheel", mini_wheel(version, tmp_path, change)), ("--source", make_tree(version, reformatted=True))):
+    for args in (
+        ("--wheel", mini_wheel(version, tmp_path, change)),
+        ("--source", make_tree(version, reformatted=True)),
+    ):
         result = _drift(cli, *args, "--strict")
         assert result.code == 0, result.stdout
         data = result.json()
@@ -232,9 +235,7 @@ def test_wheel_of_another_package(cli):
 
 
 def test_version_that_does_not_exist(tmp_path, cli):
-    _one_line_error(
-        cli("drift", "--vllm-version", "0.0.0.post777", "--cache-dir", tmp_path), "vllm==0.0.0.post777"
-    )
+    _one_line_error(cli("drift", "--vllm-version", "0.0.0.post777", "--cache-dir", tmp_path), "vllm==0.0.0.post777")
     _one_line_error(cli("drift", "--vllm-version", "not-a-version", "--cache-dir", tmp_path), "not a valid")
 
 

@@ -7,11 +7,11 @@ import ast
 import pytest
 
 from patch_dsv4.patches.dtype_policy import ATTENTION_CLASSES, FLASHINFER, FLASHMLA, O_PROJ
+from tests.errors import error_lines
 from tests.injected import function_node
 from tests.records import recorded_verdict, releases_needing
-from tests.roundtrip import roundtrip_one_patch
 from tests.releases import RELEASES, hand_edit, rewrite_record, stat_snapshot
-from tests.errors import error_lines
+from tests.roundtrip import roundtrip_one_patch
 
 NEEDED = releases_needing("dtype-policy")
 HELPER = "_patch_dsv4_bf16_o_proj"

@@ -127,8 +127,6 @@ def test_fp8_wo_a_keeps_the_original_call(patched_tree, what, file, cls, fakes):
 def test_bf16_kernel_signature_matches_the_release(patched_tree):
     """The helper calls rocm_inv_rope_einsum with 7 positional arguments: the release's own."""
     source = (patched_tree / (BF16_KERNEL_MODULE.replace(".", "/") + ".py")).read_text()
-    (func,) = [
-        n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef) and n.name == "rocm_inv_rope_einsum"
-    ]
+    (func,) = [n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef) and n.name == "rocm_inv_rope_einsum"]
     required = [a.arg for a in func.args.args[: len(func.args.args) - len(func.args.defaults)]]
     assert required == ["rotary_emb", "o", "positions", "rope_head_dim", "n_local_groups", "o_lora_rank", "wo_a"]

@@ -8,10 +8,10 @@ import pytest
 
 from patch_dsv4 import commands
 from patch_dsv4.patch import Edit, Patch, Scope
-from patch_dsv4.verdicts import Outcome, Verdict
 from patch_dsv4.patches.stream_load import VL_MODEL
-from tests.releases import hand_edit, stat_snapshot
+from patch_dsv4.verdicts import Outcome, Verdict
 from tests.errors import error_lines
+from tests.releases import hand_edit, stat_snapshot
 
 
 def _one_line(stderr: str) -> str:
@@ -188,8 +188,8 @@ def test_markdown_report(make_tree, cli):
 @pytest.mark.parametrize("version,problem", [("0.28.0", False), ("0.29.0", True)])
 def test_injected_constructor_call_binds_to_the_release(version, problem, make_tree):
     """0.29.0 dropped AutoWeightsLoader's skip_substrs: injected code using it must not fit there."""
-    from patch_dsv4.reading import context_for
     from patch_dsv4.environment import locate_vllm
+    from patch_dsv4.reading import context_for
     from patch_dsv4.resolve import check_injected
 
     env = locate_vllm(make_tree(version))

@@ -17,8 +17,8 @@ import pytest
 
 from patch_dsv4 import guard, quick
 from patch_dsv4.patches.stream_load import VL_MODEL
-from tests.releases import hand_edit
 from tests.errors import error_lines
+from tests.releases import hand_edit
 
 STATE = ".patch-dsv4"
 LOCK = ".patch-dsv4.lock"
@@ -122,7 +122,9 @@ def test_a_dist_info_without_a_usable_record_is_one_clear_line(damage, make_tree
 
 
 # -- damaged state: unreadable, never an internal error -------------------------------------------------------
-@pytest.mark.parametrize("key, value", [("opt_in", [[1]]), ("opt_in", {"a": 1}), ("opt_in", [{}]), ("files.patches", [[]])])
+@pytest.mark.parametrize(
+    "key, value", [("opt_in", [[1]]), ("opt_in", {"a": 1}), ("opt_in", [{}]), ("files.patches", [[]])]
+)
 def test_wrong_types_in_the_state_are_an_unreadable_state(key, value, make_tree, cli):
     tree = make_tree("0.28.0")
     assert cli("apply", "--site-packages", tree, "--with", "aux-streams").code == 0
@@ -144,7 +146,8 @@ def test_an_error_line_in_a_pipe_is_at_most_200_characters(make_tree):
     hand_edit(tree / VL_MODEL, (tree / VL_MODEL).read_text() + "\n# a local hotfix\n")
     out = subprocess.run(
         [sys.executable, "-m", "patch_dsv4", "apply", "--site-packages", str(tree), "--only", "x" * 5000],
-        capture_output=True, text=True,
+        capture_output=True,
+        text=True,
     )
     assert out.returncode == 2 and out.stderr.strip()
     assert all(len(line) <= 200 for line in out.stderr.splitlines()), out.stderr

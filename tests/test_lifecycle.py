@@ -14,7 +14,6 @@ import pytest
 
 from patch_dsv4.edits import helper_source
 from patch_dsv4.registry import discover_patches
-
 from tests.conftest import RELEASE_PARAMS
 from tests.releases import content_snapshot, stat_snapshot, wheel_file
 

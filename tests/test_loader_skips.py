@@ -10,8 +10,8 @@ import pytest
 from patch_dsv4.patches.loader_skips import DSPARK, MODEL, TEXT_CLASS, VL_MODEL
 from tests.injected import function_node
 from tests.records import recorded_verdict, releases_needing
-from tests.roundtrip import roundtrip_one_patch
 from tests.releases import RELEASES, hand_edit, rewrite_record, stat_snapshot
+from tests.roundtrip import roundtrip_one_patch
 
 NEEDED = releases_needing("loader-skips")
 UTILS = "vllm/model_executor/models/utils.py"
@@ -58,11 +58,7 @@ def test_changed_loader_is_drifted_and_nothing_written(make_tree, cli):
 def loader_call(path: Path) -> ast.Assign:
     """``loader = AutoWeightsLoader(...)`` in the text class's load_weights."""
     method = function_node(path, TEXT_CLASS, "load_weights")
-    (assign,) = [
-        n
-        for n in ast.walk(method)
-        if isinstance(n, ast.Assign) and ast.unparse(n.targets[0]) == "loader"
-    ]
+    (assign,) = [n for n in ast.walk(method) if isinstance(n, ast.Assign) and ast.unparse(n.targets[0]) == "loader"]
     return assign
 
 

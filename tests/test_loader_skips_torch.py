@@ -149,9 +149,7 @@ def load_auto_weights_loader(tree: Path):
     _get_tied_embedding_params); what it imports from elsewhere in vLLM is stubbed."""
     source = (tree / UTILS).read_text()
     wanted = {"AutoWeightsLoader", "maybe_prefix", "_get_tied_embedding_params"}
-    nodes = [
-        n for n in ast.parse(source).body if isinstance(n, (ast.ClassDef, ast.FunctionDef)) and n.name in wanted
-    ]
+    nodes = [n for n in ast.parse(source).body if isinstance(n, (ast.ClassDef, ast.FunctionDef)) and n.name in wanted]
 
     class WeightsMapper:  # names reach the loader already mapped in these tests
         def __init__(self, **mappings):

@@ -119,7 +119,9 @@ def three_targets(make_tree, tmp_path):
     python = env_dir / "bin" / "python"
     purelib = subprocess.run(
         [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        capture_output=True, text=True, check=True,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout.strip()
     copy_tree(pristine_tree("0.30.0"), Path(purelib))
     default_tree = make_tree("0.30.0")
@@ -270,8 +272,15 @@ def test_every_command_writes_a_document_of_the_schema(make_tree, tmp_path):
     tree = make_tree("0.30.0")
     documents = [run_cli("list", "--json").json()]
     for args in (
-        ("status",), ("verify",), ("apply", "--dry-run"), ("apply",), ("apply",), ("verify",), ("status",),
-        ("revert",), ("revert",),
+        ("status",),
+        ("verify",),
+        ("apply", "--dry-run"),
+        ("apply",),
+        ("apply",),
+        ("verify",),
+        ("status",),
+        ("revert",),
+        ("revert",),
     ):
         result = run_cli(*args, "--site-packages", tree, "--json")
         documents.append(result.json())
@@ -303,8 +312,22 @@ def test_the_verify_fast_path_gives_the_document_the_full_judgement_gives(make_t
     monkeypatch.setattr(quick, "recorded_verdicts", lambda *args, **kwargs: None)
     full = run_cli("verify", "--site-packages", tree, "--json").json()
     assert "hashes match" in fast["summary"] and "hashes match" not in full["summary"]
-    for key in ("schema", "command", "exit_code", "error", "target", "vllm_version", "flashinfer_version",
-                "flashinfer_source", "build", "state", "patches", "changed_files", "backups", "next"):
+    for key in (
+        "schema",
+        "command",
+        "exit_code",
+        "error",
+        "target",
+        "vllm_version",
+        "flashinfer_version",
+        "flashinfer_source",
+        "build",
+        "state",
+        "patches",
+        "changed_files",
+        "backups",
+        "next",
+    ):
         assert fast[key] == full[key], key
 
 
@@ -320,7 +343,12 @@ def test_a_nightly_is_judged_as_an_unknown_build_never_an_error(tmp_path):
             new_name = name.replace("vllm-0.33.0.dist-info", f"vllm-{nightly}.dist-info")
             if new_name.endswith(".dist-info/METADATA"):
                 data = data.replace(b"\nVersion: 0.33.0\n", f"\nVersion: {nightly}\n".encode(), 1)
-            if new_name.endswith(".dist-info/RECORD") or not (".dist-info/" in name or name.startswith("vllm/models/deepseek_v4/") or name.startswith("vllm/v1/") or name.startswith("vllm/model_executor/models/utils")):
+            if new_name.endswith(".dist-info/RECORD") or not (
+                ".dist-info/" in name
+                or name.startswith("vllm/models/deepseek_v4/")
+                or name.startswith("vllm/v1/")
+                or name.startswith("vllm/model_executor/models/utils")
+            ):
                 continue
             out.writestr(new_name, data)
     result = run_cli("drift", "--wheel", path, "--json")

@@ -39,7 +39,10 @@ def previous(tmp_path_factory):
 def _previous_apply(previous, tree) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "patcher", "apply", "--site-packages", str(tree)],
-        cwd=previous, capture_output=True, text=True, env={"PYTHONPATH": str(previous), "PATH": "/usr/bin:/bin"},
+        cwd=previous,
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(previous), "PATH": "/usr/bin:/bin"},
     )
     assert result.returncode == 0, result.stderr
 

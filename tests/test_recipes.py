@@ -109,7 +109,9 @@ def test_stock028_on_0_28_is_foreign_for_both_fixes(make_tree, cli):
     draft = [e for e in verdicts.patch("loader-skips")["edits"] if e["file"] == R.DSPARK]
     assert draft[0]["verdict"] == "foreign" and "uninitialised" in draft[0]["detail"]
     # not-applicable stays what it is, whatever else the files hold
-    assert verdicts.verdicts()["wide-swa"] == "not-applicable" and verdicts.verdicts()["stream-load"] == "not-applicable"
+    assert (
+        verdicts.verdicts()["wide-swa"] == "not-applicable" and verdicts.verdicts()["stream-load"] == "not-applicable"
+    )
     assert cli("verify", "--site-packages", tree).code == 1
     _take_over_then_revert(cli, tree, changed)
 
@@ -135,9 +137,10 @@ def test_dense_exl3_o_proj_is_foreign(version, make_tree, cli):
     assert dtype["verdict"] == "foreign" and dtype["foreign"] == "patch_dsv4_dense_exl3.py"
     assert "EXL3" in dtype["detail"]
     # the script's other edits are those of our opt-ins: the compressor's quant config, the wo_a slice entries
-    assert status.patch("dense-exl3")["verdict"] == "opt-in" and "takeover --with dense-exl3" in status.patch(
-        "dense-exl3"
-    )["detail"]
+    assert (
+        status.patch("dense-exl3")["verdict"] == "opt-in"
+        and "takeover --with dense-exl3" in status.patch("dense-exl3")["detail"]
+    )
     assert status.patch("exl3-wo-a-slices")["verdict"] == "opt-in"
     refused = cli("apply", "--site-packages", tree, "--force")
     assert refused.code == 1 and "--force" not in refused.stderr
@@ -177,7 +180,9 @@ def test_a_chain_of_scripts_is_undone_from_the_backup_that_equals_record(make_tr
     (tree / (FLASHINFER + ".a-decoy")).write_bytes(later.read_bytes())
     status = cli("status", "--site-packages", tree, "--json")
     assert status.patch("dtype-policy")["verdict"] == "foreign"
-    edited = [rel for rel in sorted(set(chain.changed)) if rel in {FLASHINFER, MODEL, R.DSPARK, R.COMPRESSOR, R.ATTENTION}]
+    edited = [
+        rel for rel in sorted(set(chain.changed)) if rel in {FLASHINFER, MODEL, R.DSPARK, R.COMPRESSOR, R.ATTENTION}
+    ]
     assert R.COMPRESSOR in edited and R.ATTENTION in edited  # dense-exl3's scopes: taken over as the opt-in
     _take_over_then_revert(cli, tree, edited)
 
@@ -297,7 +302,11 @@ def test_hand_made_nightly_layout_is_judged_but_not_written_without_consent(make
     tree = make_tree("0.30.0")
     R.make_nvidia_vl_model_nightly(tree, "0.30.0", record_matches=False)
     stream = cli("status", "--site-packages", tree, "--json").patch("stream-load")
-    assert stream["verdict"] == "pending" and stream["files"] == [R.NVIDIA_VL] and "no vision class" not in stream["detail"]
+    assert (
+        stream["verdict"] == "pending"
+        and stream["files"] == [R.NVIDIA_VL]
+        and "no vision class" not in stream["detail"]
+    )
     before = content_snapshot(tree)
     refused = cli("apply", "--site-packages", tree)
     assert refused.code == 1 and "--force" not in refused.stderr.split("refusing")[0]

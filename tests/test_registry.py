@@ -54,16 +54,37 @@ def test_a_well_formed_patch_passes():
         (dict(id="Toy_Patch"), "lower-case words"),
         (dict(title=""), "title"),
         (dict(edits=()), "no edits"),
-        (dict(edit=ReplaceStatements("e", FILE, SCOPE, (Variant("x = f(y)", "x = _patch_dsv4_toy(y)\n"),))), "marker comment"),
-        (dict(edit=ReplaceStatements("e", FILE, SCOPE, (Variant("x = f(y)", "# patch-dsv4 (toy): why\nx = g(y)\n"),))), "calls no _patch_dsv4_"),
-        (dict(edit=ReplaceStatements("e", FILE, SCOPE, (Variant("x = _patch_dsv4_toy(y)", GOOD.replacement),))), "anchor names"),
+        (
+            dict(edit=ReplaceStatements("e", FILE, SCOPE, (Variant("x = f(y)", "x = _patch_dsv4_toy(y)\n"),))),
+            "marker comment",
+        ),
+        (
+            dict(
+                edit=ReplaceStatements("e", FILE, SCOPE, (Variant("x = f(y)", "# patch-dsv4 (toy): why\nx = g(y)\n"),))
+            ),
+            "calls no _patch_dsv4_",
+        ),
+        (
+            dict(edit=ReplaceStatements("e", FILE, SCOPE, (Variant("x = _patch_dsv4_toy(y)", GOOD.replacement),))),
+            "anchor names",
+        ),
         (dict(edit=ReplaceStatements("e", FILE, SCOPE, (GOOD,), helpers=(not_prefixed,))), "is not named _patch_dsv4_"),
         (dict(edit=ReplaceStatements("e", FILE, SCOPE, (GOOD,), helpers=(_patch_dsv4_toy_silent,))), "docstring"),
         (dict(edit=ReplaceStatements("e", "setup.py", SCOPE, (GOOD,))), "not a source file of vllm/"),
         (dict(edit=ReplaceStatements("e", FILE, SCOPE, (Variant("x = (", GOOD.replacement),))), "does not parse"),
     ],
-    ids=["id", "title", "no-edits", "no-marker-comment", "no-injected-name", "anchor-injected", "helper-prefix",
-         "helper-docstring", "file-outside-vllm", "anchor-syntax"],
+    ids=[
+        "id",
+        "title",
+        "no-edits",
+        "no-marker-comment",
+        "no-injected-name",
+        "anchor-injected",
+        "helper-prefix",
+        "helper-docstring",
+        "file-outside-vllm",
+        "anchor-syntax",
+    ],
 )
 def test_a_patch_that_breaks_a_rule_is_refused(broken, why):
     edit = broken.pop("edit", None)

@@ -89,8 +89,18 @@ def test_eight_ranks_apply_at_once(make_tree, cli):
 def _pip_target(tree: Path, version: str) -> None:
     subprocess.run(
         [
-            sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-compile", "--upgrade",
-            "--disable-pip-version-check", "--target", str(tree), str(wheel("vllm", version)),
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-compile",
+            "--upgrade",
+            "--disable-pip-version-check",
+            "--target",
+            str(tree),
+            str(wheel("vllm", version)),
         ],
         check=True,
         capture_output=True,
@@ -171,7 +181,9 @@ def test_python_option_acts_on_another_venv(tmp_path, cli):
     site = Path(
         subprocess.run(
             [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-            capture_output=True, text=True, check=True,
+            capture_output=True,
+            text=True,
+            check=True,
         ).stdout.strip()
     )
     _pip_target(site, "0.32.0")
@@ -211,7 +223,9 @@ main(sys.argv[2:])
 def _killed_run(step: int, *args) -> int:
     proc = subprocess.run(
         [sys.executable, "-c", KILL_AT_STEP, str(step), *map(str, args)],
-        cwd=ROOT, capture_output=True, text=True,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
     )
     return proc.returncode
 

@@ -9,8 +9,6 @@ edit `DeepseekV4Model.load_weights` on 0.28.0 and 0.29.0.
 
 from __future__ import annotations
 
-import types
-
 import pytest
 
 from patch_dsv4 import registry

@@ -7,9 +7,9 @@ import shutil
 import pytest
 
 from patch_dsv4.patches.stream_load import VL_MODEL
+from tests.errors import error_lines
 from tests.records import recorded_verdict, releases_needing
 from tests.releases import RELEASES, hand_edit, rewrite_record, stat_snapshot
-from tests.errors import error_lines
 
 HELPER = "_patch_dsv4_stream_language_model_first"
 

@@ -12,12 +12,18 @@ import zipfile
 
 import pytest
 
+from patch_dsv4.edits import helper_source
 from patch_dsv4.patches import wide_swa
 from patch_dsv4.patches.wide_swa import FLASHINFER_SPARSE, SM120_CLASS
-from patch_dsv4.edits import helper_source
 from tests.records import recorded_verdict
 from tests.releases import (
-    PINNED_FLASHINFER, RELEASES, hand_edit, install_flashinfer_sources, rewrite_record, stat_snapshot, wheel,
+    PINNED_FLASHINFER,
+    RELEASES,
+    hand_edit,
+    install_flashinfer_sources,
+    rewrite_record,
+    stat_snapshot,
+    wheel,
 )
 
 PREFIX = "_patch_dsv4_wide_swa_"

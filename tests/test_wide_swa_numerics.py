@@ -20,7 +20,9 @@ import tests.sparse_mla_reference as reference  # noqa: E402  (needs torch)
 def sliced(monkeypatch):
     """The injected sliced prefill, imported from the patch module, with FlashInfer played by the reference kernel."""
     monkeypatch.setattr(
-        wide_swa, "_patch_dsv4_wide_swa_flashinfer_api", lambda: (reference.sparse_mla_sm120, reference.SparseMLASegment)
+        wide_swa,
+        "_patch_dsv4_wide_swa_flashinfer_api",
+        lambda: (reference.sparse_mla_sm120, reference.SparseMLASegment),
     )
     return wide_swa._patch_dsv4_wide_swa_sliced_prefill
 

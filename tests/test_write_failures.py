@@ -24,8 +24,8 @@ from patch_dsv4.fs import inject_faults
 from patch_dsv4.patches.stream_load import VL_MODEL
 from patch_dsv4.patches.wide_swa import FLASHINFER_SPARSE
 from tests.conftest import ROOT, run_cli
-from tests.releases import DSV4, content_snapshot
 from tests.errors import error_lines
+from tests.releases import DSV4, content_snapshot
 
 ERRORS = (errno.ENOSPC, errno.EIO, errno.EROFS)
 
@@ -249,9 +249,22 @@ def test_root_owned_package_for_a_user_is_refused_before_anything_changes():
         os.chown(tree, uid, uid)
         original = content_snapshot(tree)
         result = subprocess.run(
-            ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
-             sys.executable, "-m", "patch_dsv4", "apply", "--site-packages", str(tree)],
-            cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+            [
+                "setpriv",
+                f"--reuid={uid}",
+                f"--regid={uid}",
+                "--clear-groups",
+                sys.executable,
+                "-m",
+                "patch_dsv4",
+                "apply",
+                "--site-packages",
+                str(tree),
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
         )
         assert result.returncode == 2, result.stderr
         assert "Traceback" not in result.stderr and len(error_lines(result.stderr)) == 1, result.stderr

@@ -24,10 +24,10 @@ from __future__ import annotations
 import json
 import os
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from math import prod
 from pathlib import Path
-from typing import Callable
 
 from patch_dsv4.doctor import pack as pack_checks
 from patch_dsv4.doctor.base import CHECKS, FAIL, DoctorContext, Row, Runtime, run_checks
@@ -62,14 +62,44 @@ class Geometry:
 
 
 FULL = Geometry(
-    hidden=4096, moe_intermediate=2048, experts=256, layers=43, hash_layers=3, k3_layers=(3, 13, 21, 22, 28, 41),
-    mtp_layers=3, shards=48, heads=64, head_dim=512, q_lora_rank=1024, o_lora_rank=1024, o_groups=8,
-    index_heads=64, index_head_dim=128, vocab=129280, vision_layers=24, vision_dim=1024,
+    hidden=4096,
+    moe_intermediate=2048,
+    experts=256,
+    layers=43,
+    hash_layers=3,
+    k3_layers=(3, 13, 21, 22, 28, 41),
+    mtp_layers=3,
+    shards=48,
+    heads=64,
+    head_dim=512,
+    q_lora_rank=1024,
+    o_lora_rank=1024,
+    o_groups=8,
+    index_heads=64,
+    index_head_dim=128,
+    vocab=129280,
+    vision_layers=24,
+    vision_dim=1024,
 )
 SMALL = Geometry(
-    hidden=64, moe_intermediate=32, experts=4, layers=4, hash_layers=1, k3_layers=(2,),
-    mtp_layers=3, shards=6, heads=8, head_dim=16, q_lora_rank=32, o_lora_rank=16, o_groups=8,
-    index_heads=4, index_head_dim=16, vocab=256, vision_layers=2, vision_dim=32,
+    hidden=64,
+    moe_intermediate=32,
+    experts=4,
+    layers=4,
+    hash_layers=1,
+    k3_layers=(2,),
+    mtp_layers=3,
+    shards=6,
+    heads=8,
+    head_dim=16,
+    q_lora_rank=32,
+    o_lora_rank=16,
+    o_groups=8,
+    index_heads=4,
+    index_head_dim=16,
+    vocab=256,
+    vision_layers=2,
+    vision_dim=32,
 )
 # lna-lab's Dense pack serves at TP 8 only, and 8 ranks need moe_intermediate / 16 to divide by 8.
 SMALL_TP8 = replace(SMALL, moe_intermediate=128)
@@ -151,12 +181,14 @@ def dense_linears(g: Geometry, ratio: int) -> dict[str, tuple[int, int]]:
         width = (2 if ratio == 4 else 1) * g.head_dim
         linears.update({"attn.compressor.wkv": (width, h), "attn.compressor.wgate": (width, h)})
     if ratio == 4:
-        linears.update({
-            "attn.indexer.wq_b": (g.index_heads * g.index_head_dim, g.q_lora_rank),
-            "attn.indexer.weights_proj": (g.index_heads, h),
-            "attn.indexer.compressor.wkv": (2 * g.index_head_dim, h),
-            "attn.indexer.compressor.wgate": (2 * g.index_head_dim, h),
-        })
+        linears.update(
+            {
+                "attn.indexer.wq_b": (g.index_heads * g.index_head_dim, g.q_lora_rank),
+                "attn.indexer.weights_proj": (g.index_heads, h),
+                "attn.indexer.compressor.wkv": (2 * g.index_head_dim, h),
+                "attn.indexer.compressor.wgate": (2 * g.index_head_dim, h),
+            }
+        )
     return linears
 
 
@@ -184,12 +216,14 @@ def vision_tensors(g: Geometry) -> dict[str, Tensor]:
     d, h = g.vision_dim, g.hidden
     tensors = {"vision.patch_embed.weight": Tensor("BF16", [d, 3, 14, 14]), "vision.norm.weight": Tensor("BF16", [d])}
     for b in range(g.vision_layers):
-        tensors.update({
-            f"vision.blocks.{b}.attn.qkv.weight": Tensor("BF16", [3 * d, d]),
-            f"vision.blocks.{b}.attn.proj.weight": Tensor("BF16", [d, d]),
-            f"vision.blocks.{b}.mlp.fc1.weight": Tensor("BF16", [4 * d, d]),
-            f"vision.blocks.{b}.mlp.fc2.weight": Tensor("BF16", [d, 4 * d]),
-        })
+        tensors.update(
+            {
+                f"vision.blocks.{b}.attn.qkv.weight": Tensor("BF16", [3 * d, d]),
+                f"vision.blocks.{b}.attn.proj.weight": Tensor("BF16", [d, d]),
+                f"vision.blocks.{b}.mlp.fc1.weight": Tensor("BF16", [4 * d, d]),
+                f"vision.blocks.{b}.mlp.fc2.weight": Tensor("BF16", [d, 4 * d]),
+            }
+        )
     tensors["aligner.proj.weight"] = Tensor("BF16", [h, 9 * d])
     for token in ("image_start", "image_end", "image_newline", "image_pad"):
         tensors[token] = Tensor("BF16", [h])
@@ -207,8 +241,12 @@ def mixedk_shards(g: Geometry) -> Shards:
     # The embeddings and vision tower, each layer, then the head: spread over the main shards in order.
     units = [{"embed.weight": Tensor("BF16", [g.vocab, g.hidden]), **vision_tensors(g)}]
     for layer in range(g.layers):
-        units.append({**block_tensors(g, f"layers.{layer}", ratios[layer], hash_layer=layer < g.hash_layers),
-                      **routed_experts(g, f"layers.{layer}", k_of(g, layer))})
+        units.append(
+            {
+                **block_tensors(g, f"layers.{layer}", ratios[layer], hash_layer=layer < g.hash_layers),
+                **routed_experts(g, f"layers.{layer}", k_of(g, layer)),
+            }
+        )
     units.append({"norm.weight": Tensor("BF16", [g.hidden]), "head.weight": Tensor("BF16", [g.vocab, g.hidden])})
     for i, unit in enumerate(units):
         shards[names[i * main // len(units)]].update(unit)
@@ -299,7 +337,9 @@ def lna_dense_shards(g: Geometry) -> Shards:
                 tensors.pop(f"layers.{layer}.{suffix}.weight", None)
             if suffix == "attn.wo_a":
                 for r in range(g.o_groups):
-                    dense.update(exl3_linear(f"layers.{layer}.attn.wo_a.slice.{r}", in_f, out_f // g.o_groups, g.dense_k))
+                    dense.update(
+                        exl3_linear(f"layers.{layer}.attn.wo_a.slice.{r}", in_f, out_f // g.o_groups, g.dense_k)
+                    )
             else:
                 dense.update(exl3_linear(f"layers.{layer}.{suffix}", in_f, out_f, g.dense_k))
     overlay: dict[str, Tensor] = {}
@@ -318,8 +358,14 @@ def lna_dense_config(g: Geometry) -> dict:
     quant = config["quantization_config"]
     del quant["mtp_experts"], quant["mtp_experts_start_layer"]
     quant["layer_bits"].update({str(g.layers + m): g.base_k for m in range(g.mtp_layers)})
-    modules = ["attn.fused_wqa_wkv", "attn.wq_b", "attn.wo_a", "attn.wo_b", "mlp.shared_experts.gate_up_proj",
-               "mlp.shared_experts.down_proj"]
+    modules = [
+        "attn.fused_wqa_wkv",
+        "attn.wq_b",
+        "attn.wo_a",
+        "attn.wo_b",
+        "mlp.shared_experts.gate_up_proj",
+        "mlp.shared_experts.down_proj",
+    ]
     layers = {}
     for layer, ratio in enumerate(compress_ratios(g)):
         names = modules + (["attn.compressor.fused_wkv_wgate"] if ratio else [])
@@ -379,13 +425,19 @@ def _build(dest: Path, shards: Shards, config: dict, edit_config, edit_tensors, 
     return write_pack(dest, shards, config, index=index)
 
 
-def build_mixedk_pack(dest: Path, g: Geometry = SMALL, *, edit_config: EditConfig | None = None,
-                      edit_tensors: EditTensors | None = None) -> Path:
+def build_mixedk_pack(
+    dest: Path, g: Geometry = SMALL, *, edit_config: EditConfig | None = None, edit_tensors: EditTensors | None = None
+) -> Path:
     return _build(dest, mixedk_shards(g), mixedk_config(g), edit_config, edit_tensors, index=False)
 
 
-def build_lna_dense_pack(dest: Path, g: Geometry = SMALL_TP8, *, edit_config: EditConfig | None = None,
-                         edit_tensors: EditTensors | None = None) -> Path:
+def build_lna_dense_pack(
+    dest: Path,
+    g: Geometry = SMALL_TP8,
+    *,
+    edit_config: EditConfig | None = None,
+    edit_tensors: EditTensors | None = None,
+) -> Path:
     return _build(dest, lna_dense_shards(g), lna_dense_config(g), edit_config, edit_tensors, index=True)
 
 
@@ -397,7 +449,7 @@ def holder(shards: Shards, tensor: str) -> dict[str, Tensor]:
 # ------------------------------------------------------------------ a vLLM tree to read
 
 
-QUANT_INIT = '''from typing import Literal, get_args
+QUANT_INIT = """from typing import Literal, get_args
 
 QuantizationMethods = Literal[
     "awq",
@@ -406,7 +458,7 @@ QuantizationMethods = Literal[
     "compressed-tensors",
 ]
 QUANTIZATION_METHODS: list[str] = list(get_args(QuantizationMethods))
-'''
+"""
 
 
 def fake_vllm(root: Path, *, version: str = "0.30.0", route_b: bool = False, lna_dense: bool = False) -> Runtime:
@@ -428,7 +480,6 @@ def fake_vllm(root: Path, *, version: str = "0.30.0", route_b: bool = False, lna
     quant.mkdir(parents=True, exist_ok=True)
     (quant / "__init__.py").write_text(QUANT_INIT)
     return Runtime(site_dirs=(root,), vllm_root=root, vllm_version=version)
-
 
 
 # ------------------------------------------------------------------ running the pack checks

@@ -10,12 +10,12 @@ import pytest
 
 from tests.conftest import ROOT, run_cli
 from tests.doctor.fake_runtime import (
-    toolchain,
     install_exllamav3,
     install_flashinfer,
     install_guard,
     install_plugin,
     install_torch,
+    toolchain,
 )
 from tests.doctor.synthetic import build_mixedk_pack
 

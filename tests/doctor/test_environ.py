@@ -299,7 +299,7 @@ def test_wo_a_slices_need_their_patch(tmp_path):
     deployment = _with_slices(lna_lab(tmp_path), tmp_path)
     row = check_row(deployment.context(), "env.dense-exl3")
     assert row.status == "fail" and "attn.wo_a.slice." in row.detail and "exl3-wo-a-slices is opt-in" in row.detail
-    assert row.fix.startswith(f"patch-dsv4 apply --with dense-exl3 --with exl3-wo-a-slices --site-packages")
+    assert row.fix.startswith("patch-dsv4 apply --with dense-exl3 --with exl3-wo-a-slices --site-packages")
 
 
 def test_slices_in_the_index_alone_count(tmp_path):

@@ -8,10 +8,9 @@ import stat
 
 import pytest
 
-from patch_dsv4.fs import inject_faults
-
 from patch_dsv4.doctor.base import FAIL, PASS
 from patch_dsv4.doctor.fix_config import fix_config
+from patch_dsv4.fs import inject_faults
 from tests.doctor.synthetic import (
     DSPARK,
     SMALL,
@@ -48,12 +47,23 @@ def bad_codebook_and_bits(config: dict) -> None:
     config["quantization_config"].update(codebook="mul1", bits=7)
 
 
-FIXED_ROWS = ("pack.text-config", "quant.method", "quant.bits", "quant.codebook", "quant.layer-bits",
-              "dense.policy", "mtp.format", "config.topk-method")
+FIXED_ROWS = (
+    "pack.text-config",
+    "quant.method",
+    "quant.bits",
+    "quant.codebook",
+    "quant.layer-bits",
+    "dense.policy",
+    "mtp.format",
+    "config.topk-method",
+)
 
 
-@pytest.mark.parametrize("broken", [as_downloaded, fork_route, bad_codebook_and_bits],
-                         ids=["base_model_block", "fork_route", "codebook_and_bits"])
+@pytest.mark.parametrize(
+    "broken",
+    [as_downloaded, fork_route, bad_codebook_and_bits],
+    ids=["base_model_block", "fork_route", "codebook_and_bits"],
+)
 def test_the_fixed_pack_passes_the_rows_it_fixed(broken, tmp_path, stock_vllm):
     pack = build_mixedk_pack(tmp_path / "pack", edit_config=broken)
     before = run_pack_checks(pack, DSPARK, stock_vllm)
@@ -184,16 +194,25 @@ def mtp_overlay(shards) -> None:
     }
 
 
-@pytest.mark.parametrize("build, reason", [
-    (lambda path: build_lna_dense_pack(path, edit_config=fp8_declared), "dense-EXL3 pack (non_routed_exl3"),
-    (lambda path: build_mixedk_pack(path, edit_tensors=mtp_overlay, edit_config=as_downloaded),
-     "its MTP experts are EXL3 (.trellis)"),
-    (lambda path: (build_mixedk_pack(path, edit_config=as_downloaded),
-                   os.truncate(path / "model-00002-of-00006.safetensors", 10))[0],
-     "some shard headers cannot be read"),
-    (lambda path: (build_mixedk_pack(path), (path / "config.json").write_text("{oops"))[0],
-     "is not valid JSON"),
-], ids=["lna_dense", "mtp_exl3_overlay", "damaged_shard", "config_not_json"])
+@pytest.mark.parametrize(
+    "build, reason",
+    [
+        (lambda path: build_lna_dense_pack(path, edit_config=fp8_declared), "dense-EXL3 pack (non_routed_exl3"),
+        (
+            lambda path: build_mixedk_pack(path, edit_tensors=mtp_overlay, edit_config=as_downloaded),
+            "its MTP experts are EXL3 (.trellis)",
+        ),
+        (
+            lambda path: (
+                build_mixedk_pack(path, edit_config=as_downloaded),
+                os.truncate(path / "model-00002-of-00006.safetensors", 10),
+            )[0],
+            "some shard headers cannot be read",
+        ),
+        (lambda path: (build_mixedk_pack(path), (path / "config.json").write_text("{oops"))[0], "is not valid JSON"),
+    ],
+    ids=["lna_dense", "mtp_exl3_overlay", "damaged_shard", "config_not_json"],
+)
 def test_packs_outside_the_recipe_are_refused_and_not_written(build, reason, tmp_path):
     pack = build(tmp_path / "pack")
     before = {p.name: p.read_bytes() for p in pack.iterdir() if p.is_file() and p.suffix == ".json"}

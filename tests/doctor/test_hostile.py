@@ -23,7 +23,6 @@ from patch_dsv4.doctor.fix_config import fix_config
 from patch_dsv4.doctor.run import _register_checks
 from patch_dsv4.doctor.safetensors import Shard
 from tests.conftest import ROOT, run_cli
-from tests.errors import error_lines
 from tests.doctor.synthetic import (
     DSPARK,
     PACK_CHECKS,
@@ -37,6 +36,7 @@ from tests.doctor.synthetic import (
     write_shard,
 )
 from tests.doctor.test_safetensors import shard_bytes
+from tests.errors import error_lines
 
 CHILD = """
 import json, sys

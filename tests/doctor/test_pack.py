@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 import os
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import pytest
 
@@ -55,12 +55,14 @@ def test_the_full_size_mixedk_pack_passes_every_row(tmp_path, stock_vllm):
     assert rows["pack.shards"].detail.startswith("48 shards, 101.01 GB")  # the real pack: 101.44 GB
     assert rows["experts.markers"].detail.startswith(f"all {43 * 256 * 3} EXL3 markers read")
     assert rows["quant.layer-bits"].detail.startswith(
-        'bits 2 and layer_bits {"3": 3, "13": 3, "21": 3, "22": 3, "28": 3, "41": 3} match')
+        'bits 2 and layer_bits {"3": 3, "13": 3, "21": 3, "22": 3, "28": 3, "41": 3} match'
+    )
 
 
 def test_without_a_vllm_tree_the_rows_that_read_it_say_so(mixedk):
-    rows = run_pack_checks(mixedk(edit_config=set_key("quantization_config", "non_routed_dtype_policy",
-                                                      value="official_source_native")))
+    rows = run_pack_checks(
+        mixedk(edit_config=set_key("quantization_config", "non_routed_dtype_policy", value="official_source_native"))
+    )
     assert rows["quant.delegate"].status == SKIP
     assert rows["quant.delegate"].detail == "no vLLM environment located"
     assert rows["dense.policy"].status == WARN
@@ -94,6 +96,7 @@ def set_key(*path: str, value) -> Callable[[dict], None]:
         for key in path[:-1]:
             config = config[key]
         config[path[-1]] = value
+
     return edit
 
 
@@ -102,6 +105,7 @@ def del_key(*path: str) -> Callable[[dict], None]:
         for key in path[:-1]:
             config = config[key]
         del config[path[-1]]
+
     return edit
 
 
@@ -110,6 +114,7 @@ def change(name: str, **fields) -> Callable:
         tensor = holder(shards, name)[name]
         for key, value in fields.items():
             setattr(tensor, key, value)
+
     return edit
 
 
@@ -126,6 +131,7 @@ def index_without(file: str) -> Callable[[Path], None]:
         index = json.loads((pack / "model.safetensors.index.json").read_text())
         index["weight_map"] = {n: f for n, f in index["weight_map"].items() if f != file}
         (pack / "model.safetensors.index.json").write_text(json.dumps(index))
+
     return edit
 
 
@@ -134,6 +140,7 @@ def index_naming(file: str) -> Callable[[Path], None]:
         index = json.loads((pack / "model.safetensors.index.json").read_text())
         index["weight_map"]["extra.weight"] = file
         (pack / "model.safetensors.index.json").write_text(json.dumps(index))
+
     return edit
 
 
@@ -141,6 +148,7 @@ def dense_bits(bits: int) -> Callable[[dict], None]:
     def edit(config: dict) -> None:
         for entry in config["quantization_config"]["non_routed_exl3"]["layers"].values():
             entry["bits"] = bits
+
     return edit
 
 
@@ -164,137 +172,307 @@ class Case:
 
 CASES = {
     "quant_method_fp8": Case(
-        "quant.method", FAIL, 'quant_method is "fp8", not "exl3"', '"quant_method": "exl3"',
-        edit_config=set_key("quantization_config", "quant_method", value="fp8")),
+        "quant.method",
+        FAIL,
+        'quant_method is "fp8", not "exl3"',
+        '"quant_method": "exl3"',
+        edit_config=set_key("quantization_config", "quant_method", value="fp8"),
+    ),
     "bits_absent": Case(
-        "quant.bits", WARN, "has no bits; vllm-exl3 then assumes 4", "(the shards say 2)",
-        edit_config=del_key("quantization_config", "bits")),
+        "quant.bits",
+        WARN,
+        "has no bits; vllm-exl3 then assumes 4",
+        "(the shards say 2)",
+        edit_config=del_key("quantization_config", "bits"),
+    ),
     "bits_out_of_range": Case(
-        "quant.bits", FAIL, "bits is 7; vllm-exl3 accepts 2-6", 'Set "bits"',
-        edit_config=set_key("quantization_config", "bits", value=7)),
+        "quant.bits",
+        FAIL,
+        "bits is 7; vllm-exl3 accepts 2-6",
+        'Set "bits"',
+        edit_config=set_key("quantization_config", "bits", value=7),
+    ),
     "codebook_mul1_with_mcg_markers": Case(
-        "quant.codebook", FAIL, 'codebook "mul1" does not match the pack: the routed experts carry .mcg',
-        '"codebook": "mcg"', edit_config=set_key("quantization_config", "codebook", value="mul1")),
+        "quant.codebook",
+        FAIL,
+        'codebook "mul1" does not match the pack: the routed experts carry .mcg',
+        '"codebook": "mcg"',
+        edit_config=set_key("quantization_config", "codebook", value="mul1"),
+    ),
     "layer_bits_missing_k3_layer": Case(
-        "quant.layer-bits", FAIL, "layer 2 declares K2, trellis width 48 means K3", '"layer_bits": {"2": 3}',
-        edit_config=del_key("quantization_config", "layer_bits", "2")),
+        "quant.layer-bits",
+        FAIL,
+        "layer 2 declares K2, trellis width 48 means K3",
+        '"layer_bits": {"2": 3}',
+        edit_config=del_key("quantization_config", "layer_bits", "2"),
+    ),
     "layer_bits_rejected_value": Case(
-        "quant.layer-bits", FAIL, "layer_bits['2'] = 8 (vllm-exl3 accepts 2-6)", '"layer_bits": {"2": 3}',
-        edit_config=set_key("quantization_config", "layer_bits", "2", value=8)),
+        "quant.layer-bits",
+        FAIL,
+        "layer_bits['2'] = 8 (vllm-exl3 accepts 2-6)",
+        '"layer_bits": {"2": 3}',
+        edit_config=set_key("quantization_config", "layer_bits", "2", value=8),
+    ),
     "truncated_shard": Case(
-        "pack.shards", FAIL, f"{SHARD_2}: is truncated", f"shard {SHARD_2} is incomplete (expected ",
-        after=truncate(SHARD_2)),
+        "pack.shards",
+        FAIL,
+        f"{SHARD_2}: is truncated",
+        f"shard {SHARD_2} is incomplete (expected ",
+        after=truncate(SHARD_2),
+    ),
     "missing_numbered_shard": Case(
-        "pack.shards", FAIL, f"{shard_name(3, 6)} is missing", "hf download <repo-id> --local-dir",
-        after=lambda pack: (pack / shard_name(3, 6)).unlink()),
+        "pack.shards",
+        FAIL,
+        f"{shard_name(3, 6)} is missing",
+        "hf download <repo-id> --local-dir",
+        after=lambda pack: (pack / shard_name(3, 6)).unlink(),
+    ),
     "leftover_incomplete_download": Case(
-        "pack.shards", FAIL, ".cache/huggingface/download/x.incomplete", "delete the leftover files",
-        after=lambda pack: ((pack / ".cache/huggingface/download").mkdir(parents=True),
-                            (pack / ".cache/huggingface/download/x.incomplete").write_bytes(b""))),
+        "pack.shards",
+        FAIL,
+        ".cache/huggingface/download/x.incomplete",
+        "delete the leftover files",
+        after=lambda pack: (
+            (pack / ".cache/huggingface/download").mkdir(parents=True),
+            (pack / ".cache/huggingface/download/x.incomplete").write_bytes(b""),
+        ),
+    ),
     "index_leaves_out_a_shard": Case(
-        "pack.index", FAIL, "does not list model-mtp-exl3.safetensors", "vLLM will silently skip them",
-        pack="lna", after=index_without("model-mtp-exl3.safetensors"), serve_args=TP8),
+        "pack.index",
+        FAIL,
+        "does not list model-mtp-exl3.safetensors",
+        "vLLM will silently skip them",
+        pack="lna",
+        after=index_without("model-mtp-exl3.safetensors"),
+        serve_args=TP8,
+    ),
     "index_names_a_missing_shard": Case(
-        "pack.index", FAIL, "names model-99999.safetensors, which is not in the pack",
-        "Restore model-99999.safetensors", pack="lna", after=index_naming("model-99999.safetensors"),
-        serve_args=TP8),
+        "pack.index",
+        FAIL,
+        "names model-99999.safetensors, which is not in the pack",
+        "Restore model-99999.safetensors",
+        pack="lna",
+        after=index_naming("model-99999.safetensors"),
+        serve_args=TP8,
+    ),
     "dangling_symlink": Case(
-        "pack.symlinks", FAIL, "extra.safetensors is a symlink to a missing file", "copy the real file into the pack",
-        after=lambda pack: (pack / "extra.safetensors").symlink_to(pack.parent / "gone.safetensors")),
+        "pack.symlinks",
+        FAIL,
+        "extra.safetensors is a symlink to a missing file",
+        "copy the real file into the pack",
+        after=lambda pack: (pack / "extra.safetensors").symlink_to(pack.parent / "gone.safetensors"),
+    ),
     "symlink_out_of_the_pack": Case(
-        "pack.symlinks", WARN, "tokenizer.json ->", "Copy the linked files into the pack",
-        after=lambda pack: ((pack.parent / "tokenizer.json").write_text("{}"),
-                            (pack / "tokenizer.json").symlink_to(pack.parent / "tokenizer.json"))),
+        "pack.symlinks",
+        WARN,
+        "tokenizer.json ->",
+        "Copy the linked files into the pack",
+        after=lambda pack: (
+            (pack.parent / "tokenizer.json").write_text("{}"),
+            (pack / "tokenizer.json").symlink_to(pack.parent / "tokenizer.json"),
+        ),
+    ),
     "missing_expert_tensor": Case(
-        "experts.complete", FAIL, f"1 routed-expert tensor missing (first: {EXPERT}.w2.svh)",
-        "Re-download the shards", edit_tensors=drop(f"{EXPERT}.w2.svh")),
+        "experts.complete",
+        FAIL,
+        f"1 routed-expert tensor missing (first: {EXPERT}.w2.svh)",
+        "Re-download the shards",
+        edit_tensors=drop(f"{EXPERT}.w2.svh"),
+    ),
     "missing_source_mtp_scale": Case(
-        "experts.complete", FAIL, "(first: mtp.1.ffn.experts.0.w3.scale)", "Re-download",
-        edit_tensors=drop("mtp.1.ffn.experts.0.w3.scale")),
+        "experts.complete",
+        FAIL,
+        "(first: mtp.1.ffn.experts.0.w3.scale)",
+        "Re-download",
+        edit_tensors=drop("mtp.1.ffn.experts.0.w3.scale"),
+    ),
     "scalar_mcg": Case(
-        "experts.shapes", FAIL, f"{EXPERT}.w1.mcg is I32 [], expected I32 [1]",
-        "Scalar MCG markers must be stored as [1]", edit_tensors=change(f"{EXPERT}.w1.mcg", shape=[])),
+        "experts.shapes",
+        FAIL,
+        f"{EXPERT}.w1.mcg is I32 [], expected I32 [1]",
+        "Scalar MCG markers must be stored as [1]",
+        edit_tensors=change(f"{EXPERT}.w1.mcg", shape=[]),
+    ),
     "wrong_svh_size": Case(
-        "experts.shapes", FAIL, f"{EXPERT}.w1.svh is F16 [64], expected F16 [32]", "vllm-exl3 destination",
-        edit_tensors=change(f"{EXPERT}.w1.svh", shape=[64])),
+        "experts.shapes",
+        FAIL,
+        f"{EXPERT}.w1.svh is F16 [64], expected F16 [32]",
+        "vllm-exl3 destination",
+        edit_tensors=change(f"{EXPERT}.w1.svh", shape=[64]),
+    ),
     "tp_does_not_split_the_experts": Case(
-        "experts.shapes", FAIL, "which --tensor-parallel-size 8 does not divide",
-        "--tensor-parallel-size that divides 2", serve_args=TP8),
+        "experts.shapes",
+        FAIL,
+        "which --tensor-parallel-size 8 does not divide",
+        "--tensor-parallel-size that divides 2",
+        serve_args=TP8,
+    ),
     "mixed_k_layer": Case(
-        "experts.one-k", FAIL, "layer 1 mixes trellis widths [32, 48]", "one K per layer",
-        edit_tensors=change(f"{EXPERT}.w2.trellis", shape=[2, 4, 48])),
+        "experts.one-k",
+        FAIL,
+        "layer 1 mixes trellis widths [32, 48]",
+        "one K per layer",
+        edit_tensors=change(f"{EXPERT}.w2.trellis", shape=[2, 4, 48]),
+    ),
     "wrong_marker_in_one_expert": Case(
-        "experts.markers", FAIL, f"1 of 48 markers are wrong; first: {EXPERT}.w3.mcg holds 12345, not the MCG marker",
-        "packed ABI does not match vllm-exl3", edit_tensors=change(f"{EXPERT}.w3.mcg", marker=12345)),
+        "experts.markers",
+        FAIL,
+        f"1 of 48 markers are wrong; first: {EXPERT}.w3.mcg holds 12345, not the MCG marker",
+        "packed ABI does not match vllm-exl3",
+        edit_tensors=change(f"{EXPERT}.w3.mcg", marker=12345),
+    ),
     "wrong_marker_in_the_last_expert": Case(
-        "experts.markers", FAIL, "first: layers.3.ffn.experts.3.w2.mcg holds 0, not the MCG marker",
-        "packed ABI does not match", edit_tensors=change("layers.3.ffn.experts.3.w2.mcg", marker=0)),
+        "experts.markers",
+        FAIL,
+        "first: layers.3.ffn.experts.3.w2.mcg holds 0, not the MCG marker",
+        "packed ABI does not match",
+        edit_tensors=change("layers.3.ffn.experts.3.w2.mcg", marker=0),
+    ),
     "wrong_dense_marker": Case(
-        "experts.markers", FAIL, "first: layers.3.attn.wo_a.slice.7.mcg holds -2082680531, not the MCG marker",
-        "packed ABI does not match", pack="lna", serve_args=TP8, vllm={"lna_dense": True},
-        edit_tensors=change("layers.3.attn.wo_a.slice.7.mcg", marker=-2082680531)),
+        "experts.markers",
+        FAIL,
+        "first: layers.3.attn.wo_a.slice.7.mcg holds -2082680531, not the MCG marker",
+        "packed ABI does not match",
+        pack="lna",
+        serve_args=TP8,
+        vllm={"lna_dense": True},
+        edit_tensors=change("layers.3.attn.wo_a.slice.7.mcg", marker=-2082680531),
+    ),
     "fork_policy_with_bf16_dense": Case(
-        "dense.policy", FAIL, 'non_routed_dtype_policy is "official_source_native" with 40 dense linears stored as BF16',
-        f'"non_routed_dtype_policy": "bf16_as_stored"',
-        edit_config=set_key("quantization_config", "non_routed_dtype_policy", value="official_source_native")),
+        "dense.policy",
+        FAIL,
+        'non_routed_dtype_policy is "official_source_native" with 40 dense linears stored as BF16',
+        '"non_routed_dtype_policy": "bf16_as_stored"',
+        edit_config=set_key("quantization_config", "non_routed_dtype_policy", value="official_source_native"),
+    ),
     "source_mtp_without_mtp_experts": Case(
-        "mtp.format", FAIL, 'MTP experts are source-format but mtp_experts is absent, not "source"',
-        '"mtp_experts": "source", "mtp_experts_start_layer": 4', serve_args=DSPARK,
-        edit_config=del_key("quantization_config", "mtp_experts")),
+        "mtp.format",
+        FAIL,
+        'MTP experts are source-format but mtp_experts is absent, not "source"',
+        '"mtp_experts": "source", "mtp_experts_start_layer": 4',
+        serve_args=DSPARK,
+        edit_config=del_key("quantization_config", "mtp_experts"),
+    ),
     "source_mtp_without_mtp_experts_no_dspark": Case(
-        "mtp.format", WARN, "with --speculative-config dspark the draft load would fail after the target has loaded "
-        "(KeyError: 'w13_weight_scale')", '"mtp_experts": "source"',
-        edit_config=del_key("quantization_config", "mtp_experts")),
+        "mtp.format",
+        WARN,
+        "with --speculative-config dspark the draft load would fail after the target has loaded "
+        "(KeyError: 'w13_weight_scale')",
+        '"mtp_experts": "source"',
+        edit_config=del_key("quantization_config", "mtp_experts"),
+    ),
     "exl3_mtp_without_layer_bits": Case(
-        "mtp.format", FAIL, "layer 5 (mtp.1) declares K4, its trellis is K2", 'For this EXL3 draft, add {"5": 2} to "layer_bits".',
-        pack="lna", serve_args=f"{TP8} {DSPARK}", vllm={"lna_dense": True},
-        edit_config=lambda c: (c["quantization_config"].pop("bits"),
-                               c["quantization_config"]["layer_bits"].pop("5"))),
+        "mtp.format",
+        FAIL,
+        "layer 5 (mtp.1) declares K4, its trellis is K2",
+        'For this EXL3 draft, add {"5": 2} to "layer_bits".',
+        pack="lna",
+        serve_args=f"{TP8} {DSPARK}",
+        vllm={"lna_dense": True},
+        edit_config=lambda c: (c["quantization_config"].pop("bits"), c["quantization_config"]["layer_bits"].pop("5")),
+    ),
     "exl3_mtp_declared_as_source": Case(
-        "mtp.format", FAIL, 'mtp_experts is "source", which sends EXL3 draft experts to the fp8 delegate',
+        "mtp.format",
+        FAIL,
+        'mtp_experts is "source", which sends EXL3 draft experts to the fp8 delegate',
         'For this EXL3 draft, remove "mtp_experts" and "mtp_experts_start_layer" from quantization_config.',
-        pack="lna", serve_args=f"{TP8} {DSPARK}", vllm={"lna_dense": True},
-        edit_config=set_key("quantization_config", "mtp_experts", value="source")),
+        pack="lna",
+        serve_args=f"{TP8} {DSPARK}",
+        vllm={"lna_dense": True},
+        edit_config=set_key("quantization_config", "mtp_experts", value="source"),
+    ),
     "unknown_delegate_method": Case(
-        "quant.delegate", FAIL, 'non_routed_quantization names "fp8_blockwise"', 'Use "fp8"',
-        edit_config=set_key("quantization_config", "non_routed_quantization", "quant_method", value="fp8_blockwise")),
+        "quant.delegate",
+        FAIL,
+        'non_routed_quantization names "fp8_blockwise"',
+        'Use "fp8"',
+        edit_config=set_key("quantization_config", "non_routed_quantization", "quant_method", value="fp8_blockwise"),
+    ),
     "wrong_non_routed_exl3_bits": Case(
-        "dense.exl3-map", FAIL, "declares model.layers.0.attn.fused_wqa_wkv bits=4 but layers.0.attn.wkv.trellis",
+        "dense.exl3-map",
+        FAIL,
+        "declares model.layers.0.attn.fused_wqa_wkv bits=4 but layers.0.attn.wkv.trellis",
         'non_routed_exl3 declares bits=4 where the trellis is K6: set every such "bits" to 6.',
-        pack="lna", serve_args=TP8, vllm={"lna_dense": True}, edit_config=dense_bits(4)),
+        pack="lna",
+        serve_args=TP8,
+        vllm={"lna_dense": True},
+        edit_config=dense_bits(4),
+    ),
     "undeclared_dense_exl3": Case(
-        "dense.exl3-map", FAIL, "layers.0.attn.wo_b is EXL3 but non_routed_exl3 does not declare", '{"bits": 6}',
-        pack="lna", serve_args=TP8, vllm={"lna_dense": True},
-        edit_config=del_key("quantization_config", "non_routed_exl3", "layers", "model.layers.0.attn.wo_b")),
+        "dense.exl3-map",
+        FAIL,
+        "layers.0.attn.wo_b is EXL3 but non_routed_exl3 does not declare",
+        '{"bits": 6}',
+        pack="lna",
+        serve_args=TP8,
+        vllm={"lna_dense": True},
+        edit_config=del_key("quantization_config", "non_routed_exl3", "layers", "model.layers.0.attn.wo_b"),
+    ),
     "wo_a_slices_at_tp1": Case(
-        "dense.wo-a-slices", FAIL, "8 slices per layer but --tensor-parallel-size is 1",
+        "dense.wo-a-slices",
+        FAIL,
+        "8 slices per layer but --tensor-parallel-size is 1",
         "serves only at --tensor-parallel-size 8 with recipe-lna/patch_dsv4_dense_exl3.py applied",
-        pack="lna", vllm={"lna_dense": True}),
+        pack="lna",
+        vllm={"lna_dense": True},
+    ),
     "wo_a_slices_without_the_lna_patch": Case(
-        "dense.wo-a-slices", FAIL, "lack lna-lab's dense patch", "recipe-lna/patch_dsv4_dense_exl3.py",
-        pack="lna", serve_args=TP8),
+        "dense.wo-a-slices",
+        FAIL,
+        "lack lna-lab's dense patch",
+        "recipe-lna/patch_dsv4_dense_exl3.py",
+        pack="lna",
+        serve_args=TP8,
+    ),
     "missing_topk_method": Case(
-        "config.topk-method", FAIL, "routing biases on 3 layers (layers.1.ffn.gate.bias) but topk_method is absent",
-        'Add "topk_method": "noaux_tc" at the top level', edit_config=del_key("topk_method")),
+        "config.topk-method",
+        FAIL,
+        "routing biases on 3 layers (layers.1.ffn.gate.bias) but topk_method is absent",
+        'Add "topk_method": "noaux_tc" at the top level',
+        edit_config=del_key("topk_method"),
+    ),
     "empty_text_config": Case(
-        "pack.text-config", FAIL, 'empty "text_config"', 'Delete the "text_config" key',
-        edit_config=set_key("text_config", value={})),
+        "pack.text-config",
+        FAIL,
+        'empty "text_config"',
+        'Delete the "text_config" key',
+        edit_config=set_key("text_config", value={}),
+    ),
     "text_config_without_heads": Case(
-        "pack.text-config", FAIL, "without num_attention_heads", "by hand",
-        edit_config=set_key("text_config", value={"topk_method": "noaux_tc"})),
+        "pack.text-config",
+        FAIL,
+        "without num_attention_heads",
+        "by hand",
+        edit_config=set_key("text_config", value={"topk_method": "noaux_tc"}),
+    ),
     "wrong_num_hash_layers": Case(
-        "config.hash-layers", FAIL, "num_hash_layers is 3 but the checkpoint has tid2eid on 1 layer.",
-        '"num_hash_layers": 1', edit_config=set_key("num_hash_layers", value=3)),
+        "config.hash-layers",
+        FAIL,
+        "num_hash_layers is 3 but the checkpoint has tid2eid on 1 layer.",
+        '"num_hash_layers": 1',
+        edit_config=set_key("num_hash_layers", value=3),
+    ),
     "vision_tensors_with_zero_vision_layers": Case(
-        "config.vision", FAIL, "22 vision tensors (e.g. aligner.proj.weight) but vision_n_layers is 0", "Restore vision_n_layers from the source config",
-        edit_config=set_key("vision_n_layers", value=0)),
+        "config.vision",
+        FAIL,
+        "22 vision tensors (e.g. aligner.proj.weight) but vision_n_layers is 0",
+        "Restore vision_n_layers from the source config",
+        edit_config=set_key("vision_n_layers", value=0),
+    ),
     "four_speculative_tokens_with_three_mtp_layers": Case(
-        "config.spec-k", FAIL, "num_speculative_tokens is 4 and the pack has 3 MTP layers",
+        "config.spec-k",
+        FAIL,
+        "num_speculative_tokens is 4 and the pack has 3 MTP layers",
         "num_speculative_tokens=4 is not allowed with 3 MTP layers; use 3 (or a multiple of 3).",
-        serve_args="""--speculative-config '{"method": "dspark", "num_speculative_tokens": 4}'"""),
+        serve_args="""--speculative-config '{"method": "dspark", "num_speculative_tokens": 4}'""",
+    ),
     "speculative_config_not_json": Case(
-        "config.spec-k", FAIL, "--speculative-config is not JSON", "takes a JSON object",
-        serve_args="--speculative-config '{method: dspark}'"),
+        "config.spec-k",
+        FAIL,
+        "--speculative-config is not JSON",
+        "takes a JSON object",
+        serve_args="--speculative-config '{method: dspark}'",
+    ),
 }
 
 
@@ -349,21 +527,30 @@ def write_raw_shard(path: Path, header: bytes, payload: int = 0) -> None:
 
 
 BAD_SHARDS = {
-    "header_length_past_the_end": (lambda p: p.write_bytes(struct.pack("<Q", 10**9) + b"{}"),
-                                   "header length 1000000000 runs past the end of the file"),
-    "shorter_than_the_length_field": (lambda p: p.write_bytes(b"\1\2"),
-                                      "is 2 bytes, shorter than the 8-byte header length"),
+    "header_length_past_the_end": (
+        lambda p: p.write_bytes(struct.pack("<Q", 10**9) + b"{}"),
+        "header length 1000000000 runs past the end of the file",
+    ),
+    "shorter_than_the_length_field": (
+        lambda p: p.write_bytes(b"\1\2"),
+        "is 2 bytes, shorter than the 8-byte header length",
+    ),
     "header_not_utf8": (lambda p: write_raw_shard(p, b'{"\xff": 1}'), "header is not UTF-8"),
     "header_not_json": (lambda p: write_raw_shard(p, b'{"a": [1, 2'), "header is not JSON"),
     "header_not_an_object": (lambda p: write_raw_shard(p, b"[1, 2]"), "header is a JSON list, not an object"),
     "entry_not_an_object": (lambda p: write_raw_shard(p, b'{"a": 3}'), "tensor 'a' is described by a JSON int"),
-    "unknown_dtype": (lambda p: write_raw_shard(
-        p, b'{"a": {"dtype": "Q4", "shape": [2], "data_offsets": [0, 2]}}', 2), "tensor 'a' has an unknown dtype 'Q4'"),
-    "size_not_dtype_times_shape": (lambda p: write_raw_shard(
-        p, b'{"a": {"dtype": "F16", "shape": [4], "data_offsets": [0, 4]}}', 4),
-        "tensor 'a' spans 4 bytes but F16 x [4] needs 8"),
-    "file_longer_than_its_header": (lambda p: write_raw_shard(
-        p, b'{"a": {"dtype": "F16", "shape": [2], "data_offsets": [0, 4]}}', 9), "is longer than its header says"),
+    "unknown_dtype": (
+        lambda p: write_raw_shard(p, b'{"a": {"dtype": "Q4", "shape": [2], "data_offsets": [0, 2]}}', 2),
+        "tensor 'a' has an unknown dtype 'Q4'",
+    ),
+    "size_not_dtype_times_shape": (
+        lambda p: write_raw_shard(p, b'{"a": {"dtype": "F16", "shape": [4], "data_offsets": [0, 4]}}', 4),
+        "tensor 'a' spans 4 bytes but F16 x [4] needs 8",
+    ),
+    "file_longer_than_its_header": (
+        lambda p: write_raw_shard(p, b'{"a": {"dtype": "F16", "shape": [2], "data_offsets": [0, 4]}}', 9),
+        "is longer than its header says",
+    ),
     "directory": (lambda p: p.mkdir(), "is not a regular file"),
     "fifo": (lambda p: os.mkfifo(p), "is not a regular file"),
     "symlink_loop": (lambda p: p.symlink_to(p.name), "cannot be opened (Too many levels of symbolic links)"),
@@ -394,7 +581,10 @@ def test_a_pack_directory_that_does_not_exist(tmp_path):
     assert rows["pack.config"].status == FAIL and rows["pack.shards"].status == FAIL
     assert f"{tmp_path / 'nowhere'} cannot be listed" in rows["pack.shards"].detail
     assert {r: rows[r].status for r in rows if rows[r].status != SKIP} == {
-        "pack.config": FAIL, "pack.shards": FAIL, "config.spec-k": PASS}
+        "pack.config": FAIL,
+        "pack.shards": FAIL,
+        "config.spec-k": PASS,
+    }
 
 
 def test_a_symlink_loop_also_fails_the_symlink_row(mixedk):
@@ -416,8 +606,11 @@ def test_a_shard_header_reads_no_payload_and_markers_read_four_bytes(tmp_path):
         Shard(path).__enter__()
 
 
-@pytest.mark.parametrize("content", [None, b"{not json", b"[1, 2]", "fifo", "dir"],
-                         ids=["missing", "not_json", "not_an_object", "fifo", "directory"])
+@pytest.mark.parametrize(
+    "content",
+    [None, b"{not json", b"[1, 2]", "fifo", "dir"],
+    ids=["missing", "not_json", "not_an_object", "fifo", "directory"],
+)
 def test_a_bad_config_json_is_one_fail_row_and_the_rest_skip_or_read_headers(content, mixedk):
     pack = mixedk()
     config = pack / "config.json"
@@ -434,16 +627,27 @@ def test_a_bad_config_json_is_one_fail_row_and_the_rest_skip_or_read_headers(con
     assert rows["quant.method"].status == SKIP and rows["pack.shards"].status == PASS
 
 
-@pytest.mark.parametrize("edit", [
-    set_key("quantization_config", value=[1, 2]),
-    set_key("quantization_config", "layer_bits", value=[3]),
-    set_key("quantization_config", "non_routed_exl3", value="all"),
-    set_key("quantization_config", "non_routed_quantization", value=7),
-    set_key("num_hidden_layers", value="43"),
-    set_key("num_hash_layers", value=None),
-    set_key("vision_n_layers", value="lots"),
-], ids=["quant_list", "layer_bits_list", "non_routed_exl3_str", "delegate_int", "layers_str", "hash_null",
-        "vision_str"])
+@pytest.mark.parametrize(
+    "edit",
+    [
+        set_key("quantization_config", value=[1, 2]),
+        set_key("quantization_config", "layer_bits", value=[3]),
+        set_key("quantization_config", "non_routed_exl3", value="all"),
+        set_key("quantization_config", "non_routed_quantization", value=7),
+        set_key("num_hidden_layers", value="43"),
+        set_key("num_hash_layers", value=None),
+        set_key("vision_n_layers", value="lots"),
+    ],
+    ids=[
+        "quant_list",
+        "layer_bits_list",
+        "non_routed_exl3_str",
+        "delegate_int",
+        "layers_str",
+        "hash_null",
+        "vision_str",
+    ],
+)
 def test_odd_config_values_give_rows_not_tracebacks(edit, mixedk, stock_vllm):
     rows = run_pack_checks(mixedk(edit_config=edit), DSPARK, stock_vllm)
     assert any(r.status == FAIL for r in rows.values())

@@ -170,21 +170,19 @@ CASES = {
     "F4_bits_overflow": one(f'{{"dtype":"F4","shape":[{U64}],"data_offsets":[0,0]}}', 0),
     "gap_before_the_first": one('{"dtype":"F32","shape":[1],"data_offsets":[4,8]}', 8),
     "gap_between": (
-        '{"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},"b":{"dtype":"U8","shape":[1],' '"data_offsets":[2,3]}}',
+        '{"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},"b":{"dtype":"U8","shape":[1],"data_offsets":[2,3]}}',
         3,
     ),
     "overlap": (
-        '{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[1],'
-        '"data_offsets":[4,8]}}',
+        '{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}',
         8,
     ),
     "same_span_twice": (
-        '{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"b":{"dtype":"F32","shape":[1],'
-        '"data_offsets":[0,4]}}',
+        '{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"b":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}',
         4,
     ),
     "out_of_order": (
-        '{"b":{"dtype":"U8","shape":[1],"data_offsets":[1,2]},"a":{"dtype":"U8","shape":[1],' '"data_offsets":[0,1]}}',
+        '{"b":{"dtype":"U8","shape":[1],"data_offsets":[1,2]},"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}',
         2,
     ),
     "empty_tensors_at_a_boundary": (
@@ -194,21 +192,19 @@ CASES = {
         1,
     ),
     "empty_tensor_inside_another": (
-        '{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"U8",' '"shape":[0],"data_offsets":[4,4]}}',
+        '{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"U8","shape":[0],"data_offsets":[4,4]}}',
         8,
     ),
     "empty_tensor_past_the_end": (
-        '{"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},"b":{"dtype":"U8",' '"shape":[0],"data_offsets":[2,2]}}',
+        '{"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},"b":{"dtype":"U8","shape":[0],"data_offsets":[2,2]}}',
         1,
     ),
     "name_twice_last_wins": (
-        '{"t":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"t":{"dtype":"F32",'
-        '"shape":[2],"data_offsets":[0,8]}}',
+        '{"t":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"t":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}',
         8,
     ),
     "name_twice_first_would_fit": (
-        '{"t":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"t":{"dtype":"F32",'
-        '"shape":[2],"data_offsets":[0,8]}}',
+        '{"t":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"t":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}',
         4,
     ),
     "name_twice_the_first_invalid": ('{"t":3,"t":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}', 4),

@@ -52,9 +52,7 @@ def build(version: str, log=sys.stderr) -> Path:
         python = path / "bin" / "python"
         log.write(f"building a real vLLM {version} venv in {path} (about 8 GB, minutes)\n")
         log.flush()
-        subprocess.run(
-            [str(python), "-m", "pip", "install", "--quiet", f"vllm=={version}"], check=True, env=_pip_env()
-        )
+        subprocess.run([str(python), "-m", "pip", "install", "--quiet", f"vllm=={version}"], check=True, env=_pip_env())
         stamp.write_text(version)
     return path
 
@@ -63,12 +61,23 @@ def install_this_project(venv: Path) -> None:
     """This checkout, installed (not editable) into the venv: its entry points included."""
     subprocess.run(
         [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--force-reinstall", "--no-deps", str(ROOT)],
-        check=True, env=_pip_env(),
+        check=True,
+        env=_pip_env(),
     )
     subprocess.run(
-        [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "libcst>=1.1", "typer>=0.12", "rich>=13",
-         "packaging>=23"],
-        check=True, env=_pip_env(),
+        [
+            str(venv / "bin" / "python"),
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "libcst>=1.1",
+            "typer>=0.12",
+            "rich>=13",
+            "packaging>=23",
+        ],
+        check=True,
+        env=_pip_env(),
     )
 
 
