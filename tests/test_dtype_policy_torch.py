@@ -97,7 +97,7 @@ def test_bf16_wo_a_takes_the_bf16_path(patched_tree, what, file, cls, fakes):
     ((args, kwargs),) = fakes.bf16.calls
     assert kwargs == {}
     expected = (layer.rotary_emb, o, positions, ROPE, GROUPS, RANK, layer.wo_a)
-    assert len(args) == len(expected) and all(a is e for a, e in zip(args, expected)), args
+    assert len(args) == len(expected) and all(a is e for a, e in zip(args, expected, strict=True)), args
     torch.testing.assert_close(out, layer.wo_b(fakes.z.flatten(1)))
 
 
@@ -112,7 +112,7 @@ def test_fp8_wo_a_keeps_the_original_call(patched_tree, what, file, cls, fakes):
     assert fakes.bf16.calls == []
     ((args, kwargs),) = fakes.fp8.calls
     expected = (o, positions, layer.rotary_emb.cos_sin_cache, layer.wo_a, layer.wo_b)
-    assert len(args) == len(expected) and all(a is e for a, e in zip(args, expected)), args
+    assert len(args) == len(expected) and all(a is e for a, e in zip(args, expected, strict=True)), args
     assert kwargs == {
         "n_groups": GROUPS,
         "heads_per_group": HEADS // GROUPS,

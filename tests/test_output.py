@@ -214,7 +214,7 @@ def test_dry_run_diff_is_a_patch_that_gives_what_apply_writes(version, make_tree
     patched = subprocess.run(["patch", "-p1", "-s", "-d", str(dry)], input=result.stdout.encode(), capture_output=True)
     assert patched.returncode == 0, patched.stderr
     assert content_snapshot(dry) == content_snapshot(real)
-    for relpath, sha in content_snapshot(real).items():
+    for relpath, _sha in content_snapshot(real).items():
         assert (dry / relpath).read_bytes() == (real / relpath).read_bytes(), relpath
 
 

@@ -38,7 +38,8 @@ def _sha(path: Path) -> str:
 
 
 def _take_over_then_revert(cli, tree: Path, foreign_files: list[str], left: tuple[str, ...] = ()) -> None:
-    """The way out: takeover saves each edited file, restores pip's bytes, applies; verify passes; revert gives RECORD."""
+    """The way out: takeover saves each edited file, restores pip's bytes, applies; verify passes; revert gives
+    RECORD."""
     edited = {rel: (tree / rel).read_bytes() for rel in foreign_files}
     dry = cli("takeover", "--site-packages", tree, "--dry-run")
     assert dry.code == 0, dry.stderr

@@ -1,4 +1,5 @@
-"""stream-load's injected generator, imported from the patch module and run on CPU torch (skipped alone without torch)."""
+"""stream-load's injected generator, imported from the patch module and run on CPU torch (skipped alone without
+torch)."""
 
 from __future__ import annotations
 

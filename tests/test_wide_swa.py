@@ -199,7 +199,7 @@ def test_sliced_path_binds_to_the_flashinfer_06_api(version):
     positional = [*args.posonlyargs, *args.args]
     params = [a.arg for a in positional] + [a.arg for a in args.kwonlyargs]
     required = {a.arg for a in positional[: len(positional) - len(args.defaults)]}
-    required |= {a.arg for a, d in zip(args.kwonlyargs, args.kw_defaults) if d is None}
+    required |= {a.arg for a, d in zip(args.kwonlyargs, args.kw_defaults, strict=True) if d is None}
     assert not args.posonlyargs and args.vararg is None
     assert tuple(params) == _bound_params()
 

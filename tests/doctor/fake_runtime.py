@@ -157,7 +157,8 @@ def install_guard(site: Path) -> Path:
     dist_info.mkdir()
     (dist_info / "METADATA").write_text("Metadata-Version: 2.1\nName: patch-dsv4\nVersion: 0.1.0\n")
     (dist_info / "entry_points.txt").write_text(
-        "[console_scripts]\npatch-dsv4 = patcher.cli:main\n\n[vllm.general_plugins]\npatch_dsv4 = patcher.guard:register\n"
+        "[console_scripts]\npatch-dsv4 = patcher.cli:main\n\n"
+        "[vllm.general_plugins]\npatch_dsv4 = patcher.guard:register\n"
     )
     return dist_info
 

@@ -147,7 +147,8 @@ class RealVenv:
 
     # -- processes ---------------------------------------------------------------
     def run(self, args: list[str], *, env: dict | None = None, timeout: float = TIMEOUT, cwd=None, merge=True) -> Proc:
-        """Run ``args`` with :func:`clean_env`; ``output`` is stdout and stderr together (stdout alone without ``merge``)."""
+        """Run ``args`` with :func:`clean_env`; ``output`` is stdout and stderr together (stdout alone without
+        ``merge``)."""
         started = time.monotonic()
         done = subprocess.run(
             [str(a) for a in args],
@@ -183,8 +184,10 @@ class RealVenv:
         )
         try:
             report = json.loads(proc.stdout)
-        except json.JSONDecodeError:
-            raise AssertionError(f"patch-dsv4 {' '.join(args)} wrote no JSON (exit {proc.returncode}):\n{proc.stderr}")
+        except json.JSONDecodeError as exc:
+            raise AssertionError(
+                f"patch-dsv4 {' '.join(args)} wrote no JSON (exit {proc.returncode}):\n{proc.stderr}"
+            ) from exc
         assert report["exit_code"] == proc.returncode
         return report
 

@@ -148,7 +148,8 @@ def _():
 
         def load_weights(self, weights):
             caller = inspect.stack()[1]
-            self.calls.append({"produced": seen["produced"], "caller": [caller.filename.rsplit("/vllm/", 1)[-1], caller.function]})
+            where = [caller.filename.rsplit("/vllm/", 1)[-1], caller.function]
+            self.calls.append({"produced": seen["produced"], "caller": where})
             for name, tensor in weights:
                 self.names.append(name)
                 observe()
@@ -285,7 +286,9 @@ def _():
         def __init__(self, num_experts, hidden_size, intermediate_size):
             super().__init__()
             self.inter = intermediate_size
-            self.w13_weight = nn.Parameter(torch.empty(num_experts, 2 * intermediate_size, hidden_size), requires_grad=False)
+            self.w13_weight = nn.Parameter(
+                torch.empty(num_experts, 2 * intermediate_size, hidden_size), requires_grad=False
+            )
             self.w2_weight = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size), requires_grad=False)
             for p in (self.w13_weight, self.w2_weight):
                 p.weight_loader = self.weight_loader
