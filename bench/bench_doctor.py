@@ -77,17 +77,22 @@ def main() -> None:
         walls, inside, rss = [], [], []
         for _ in range(args.repeat):
             started = time.perf_counter()
-            proc = subprocess.run([sys.executable, "-c", CHILD, str(pack), DSPARK],
-                                  capture_output=True, text=True, cwd=ROOT, check=True)
+            proc = subprocess.run(
+                [sys.executable, "-c", CHILD, str(pack), DSPARK], capture_output=True, text=True, cwd=ROOT, check=True
+            )
             walls.append(time.perf_counter() - started)
             report = json.loads(proc.stdout)
             inside.append(report["seconds"])
             rss.append(report["max_rss_mb"])
         med = statistics.median
-        print(f"pack: {len(shards)} shards, {apparent / 1e9:.2f} GB apparent, {on_disk / 1e6:.1f} MB on disk "
-              f"(built in {built:.1f} s)")
-        print(f"{args.repeat} runs of the {report['rows']} pack checks, one fresh interpreter each "
-              f"(statuses seen: {', '.join(report['statuses'])}):")
+        print(
+            f"pack: {len(shards)} shards, {apparent / 1e9:.2f} GB apparent, {on_disk / 1e6:.1f} MB on disk "
+            f"(built in {built:.1f} s)"
+        )
+        print(
+            f"{args.repeat} runs of the {report['rows']} pack checks, one fresh interpreter each "
+            f"(statuses seen: {', '.join(report['statuses'])}):"
+        )
         print(f"  wall time of the process, median   {med(walls):.3f} s   (target < 2 s)")
         print(f"  imports + checks inside it, median {med(inside):.3f} s")
         print(f"  peak RSS (ru_maxrss), max          {max(rss):.1f} MB   (target < 200 MB)")
@@ -97,12 +102,25 @@ def main() -> None:
 
         tree = copy_tree(pristine_tree(args.version), work / "site-packages")
         subprocess.run([sys.executable, "-m", "patch_dsv4", "apply", "--site-packages", str(tree), "-q"], check=True)
-        command = [sys.executable, "-m", "patch_dsv4", "doctor", "--site-packages", str(tree), "--pack", str(pack),
-                   "--serve-args", f"--max-model-len 65536 --kv-cache-dtype fp8 --quantization exl3 {DSPARK}", "--json"]
+        command = [
+            sys.executable,
+            "-m",
+            "patch_dsv4",
+            "doctor",
+            "--site-packages",
+            str(tree),
+            "--pack",
+            str(pack),
+            "--serve-args",
+            f"--max-model-len 65536 --kv-cache-dtype fp8 --quantization exl3 {DSPARK}",
+            "--json",
+        ]
         _whole_command(command)  # warm
         runs = [_whole_command(command) for _ in range(args.repeat)]
-        print(f"the whole `patch-dsv4 doctor` on vLLM {args.version} (patched) and this pack, {args.repeat} runs "
-              f"(exit {runs[-1][2]}: the fake host has no vllm-exl3 or exllamav3):")
+        print(
+            f"the whole `patch-dsv4 doctor` on vLLM {args.version} (patched) and this pack, {args.repeat} runs "
+            f"(exit {runs[-1][2]}: the fake host has no vllm-exl3 or exllamav3):"
+        )
         print(f"  wall time of the process, median   {med(r[0] for r in runs):.3f} s   (target < 2 s)")
         print(f"  peak RSS (ru_maxrss), max          {max(r[1] for r in runs):.1f} MB   (target < 200 MB)")
     finally:

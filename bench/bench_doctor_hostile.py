@@ -322,7 +322,7 @@ def main() -> None:
             ]
             wall, rss, code, stdout, stderr = _run(command, env, args.timeout)
             if code is None:
-                print(f"{name:46} {rss:7.1f} MB {'> %.0f' % args.timeout:>7} s  killed past the timeout")
+                print(f"{name:46} {rss:7.1f} MB {f'> {args.timeout:.0f}':>7} s  killed past the timeout")
             else:
                 print(f"{name:46} {rss:7.1f} MB {wall:7.2f} s  {code:4}  {_said(name, stdout, stderr)}")
     finally:

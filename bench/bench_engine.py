@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.releases import copy_tree, pristine_tree  # noqa: E402
+from tests.releases import copy_tree, pristine_tree  # noqa: E402 - the checkout must be on sys.path first
 
 PROBE = (
     "import sys, runpy; sys.argv = ['patch-dsv4', *sys.argv[1:]];\n"

@@ -35,11 +35,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.integration import venvs  # noqa: E402
-from tests.integration.conftest import RealVenv  # noqa: E402
+from tests.integration import venvs  # noqa: E402 - the checkout must be on sys.path first
+from tests.integration.conftest import RealVenv  # noqa: E402 - the checkout must be on sys.path first
 
 MARK = "PATCH_DSV4_BENCH="
-TIMING = r"""
+TIMING = (
+    f"MARK = {MARK!r}\n"
+    + r"""
 import json, os, sys, time
 t0 = time.perf_counter()
 import vllm
@@ -53,9 +55,10 @@ os.environ["PATCH_DSV4_GUARD"] = "warn"
 guard.check()
 t3 = time.perf_counter()
 problems = guard.judge_this_vllm()
-print("%s" + json.dumps({"import_vllm": t1 - t0, "import_guard": t2 - t1, "check": t3 - t2,
+print(MARK + json.dumps({"import_vllm": t1 - t0, "import_guard": t2 - t1, "check": t3 - t2,
                           "full_judgement": bool(full), "problems": [p[0] + " " + p[1] for p in problems]}))
-""" % MARK
+"""
+)
 
 PROBE_NAME = "patch_dsv4_bench_probe"
 PROBE_MODULE = '''
@@ -186,7 +189,7 @@ def main() -> None:
             f"{m['check'] / m['import_vllm']:16.2%}  {r['full']}/{len(r['runs'])}"
         )
         per_run = ", ".join(f"{x['check'] * 1000:.1f}" for x in r["runs"])
-        print(f"{'':36} check() per run: {per_run} ms; " f"reported: {', '.join(r['problems']) or 'nothing'}")
+        print(f"{'':36} check() per run: {per_run} ms; reported: {', '.join(r['problems']) or 'nothing'}")
     applied = results[-1]["median"]["check"] + results[-1]["median"]["import_guard"]
     print(
         f"target: guard (import + check) <= 10 ms per process on an applied tree: "

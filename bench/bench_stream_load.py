@@ -77,13 +77,24 @@ def main() -> None:
     print(f"checkpoint {checkpoint_mb} MB in {args.shards} shards of {args.shard_mb} MB")
     for variant in ("sorted", "streamed"):
         out = subprocess.run(
-            [sys.executable, "-c", CHILD.format(root=str(ROOT)), variant, str(args.shards), str(args.shard_mb),
-             str(patched)],
-            capture_output=True, text=True, check=True,
+            [
+                sys.executable,
+                "-c",
+                CHILD.format(root=str(ROOT)),
+                variant,
+                str(args.shards),
+                str(args.shard_mb),
+                str(patched),
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
         ).stdout
         result = json.loads(out.strip().splitlines()[-1])
-        print(f"  {variant:9s} peak host memory above baseline: {result['peak_mb']:8.1f} MB"
-              f"  ({result['peak_mb'] / args.shard_mb:.2f} shards, {result['tensors']} tensors)")
+        print(
+            f"  {variant:9s} peak host memory above baseline: {result['peak_mb']:8.1f} MB"
+            f"  ({result['peak_mb'] / args.shard_mb:.2f} shards, {result['tensors']} tensors)"
+        )
 
 
 if __name__ == "__main__":

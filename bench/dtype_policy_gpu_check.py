@@ -12,6 +12,8 @@ ast and run with the machine's torch and triton.
 """
 
 import ast
+import functools
+import importlib.util
 import math
 import sys
 import textwrap
@@ -37,10 +39,11 @@ def prepare(directory: str) -> None:
     out.mkdir(parents=True, exist_ok=True)
     for name, (version, relpath) in SOURCES.items():
         (out / name).write_bytes(wheel_file(version, relpath))
-    # the helper exactly as patches/dtype_policy.py injects it
-    module = ast.parse((Path(__file__).resolve().parent.parent / "patches" / "dtype_policy.py").read_text())
-    (helper,) = [n.value for n in module.body if isinstance(n, ast.Assign) and ast.unparse(n.targets[0]) == "HELPER"]
-    (out / "helper.py").write_text(ast.literal_eval(helper))
+    # the helper exactly as patches/dtype_policy.py injects it (a real function there, no longer a HELPER string)
+    from patch_dsv4.edits import helper_source
+    from patch_dsv4.patches.dtype_policy import _patch_dsv4_bf16_o_proj
+
+    (out / "helper.py").write_text(helper_source(_patch_dsv4_bf16_o_proj))
 
 
 if len(sys.argv) > 2 and sys.argv[1] == "prepare":
@@ -64,9 +67,6 @@ def extract(path, names, cls=None):
     return out
 
 
-import importlib.util
-
-
 def load_as_module(name, codes):
     path = f"{HERE}/_{name}.py"
     with open(path, "w") as f:
@@ -78,22 +78,25 @@ def load_as_module(name, codes):
     return mod
 
 
-rocm_mod = load_as_module("extracted_rocm_0280", extract(
-    f"{HERE}/rocm_aiter_mla_sparse_0280.py",
-    {
-        "_decode_e8m0_scales",
-        "_expand_2d_block_scales",
-        "_inverse_rope_gptj_kernel",
-        "_fused_inverse_rope_gptj",
-        "_get_cached_wo_a_bf16",
-        "rocm_inv_rope_einsum",
-    },
-))
+rocm_mod = load_as_module(
+    "extracted_rocm_0280",
+    extract(
+        f"{HERE}/rocm_aiter_mla_sparse_0280.py",
+        {
+            "_decode_e8m0_scales",
+            "_expand_2d_block_scales",
+            "_inverse_rope_gptj_kernel",
+            "_fused_inverse_rope_gptj",
+            "_get_cached_wo_a_bf16",
+            "rocm_inv_rope_einsum",
+        },
+    ),
+)
 rocm_inv_rope_einsum = rocm_mod.rocm_inv_rope_einsum
 
 # 0.30.0 upstream NVIDIA kernel (the raw Triton function, QUANTIZE=False path).
 (kern_src,) = extract(f"{HERE}/fused_inv_rope_0300.py", {"kernel"}, cls="FusedInvRopeFP8QuantKernel")
-kern_src = "\n".join(l for l in textwrap.dedent(kern_src).splitlines() if l.strip() != "@staticmethod")
+kern_src = "\n".join(line for line in textwrap.dedent(kern_src).splitlines() if line.strip() != "@staticmethod")
 kernel30 = load_as_module("extracted_fused_inv_rope_0300", [kern_src]).kernel
 
 
@@ -103,12 +106,29 @@ def upstream30_z(o, positions, cos_sin_cache, G, hpg, nope, rope, W, R):
     out = torch.empty((G, T, d), dtype=o.dtype, device=o.device)
     scale = torch.empty(0, dtype=torch.float32, device=o.device)
     kernel30[(T, G * hpg)](
-        o, positions, cos_sin_cache, out, scale, T, hpg,
-        o.stride(0), o.stride(1), cos_sin_cache.stride(0),
-        out.stride(0), out.stride(1), 0, 0,
-        float(torch.finfo(torch.float8_e4m3fn).max), 1e-10,
-        QUANT_GROUP_SIZE=128, CHUNKS_PER_HEAD=D // 128, NOPE_DIM=nope, HALF_ROPE=rope // 2,
-        QUANTIZE=False, TMA_ALIGNED_SCALES=False, launch_pdl=False,
+        o,
+        positions,
+        cos_sin_cache,
+        out,
+        scale,
+        T,
+        hpg,
+        o.stride(0),
+        o.stride(1),
+        cos_sin_cache.stride(0),
+        out.stride(0),
+        out.stride(1),
+        0,
+        0,
+        float(torch.finfo(torch.float8_e4m3fn).max),
+        1e-10,
+        QUANT_GROUP_SIZE=128,
+        CHUNKS_PER_HEAD=D // 128,
+        NOPE_DIM=nope,
+        HALF_ROPE=rope // 2,
+        QUANTIZE=False,
+        TMA_ALIGNED_SCALES=False,
+        launch_pdl=False,
     )
     o_in = out.transpose(0, 1)  # [T, G, d]
     z = torch.empty((T, G, R), dtype=torch.bfloat16, device=o.device)
@@ -180,6 +200,7 @@ def main():
         exec(compile(HELPER, "helper", "exec"), hns)
         helper = hns["_patch_dsv4_bf16_o_proj"]
         import types
+
         fake_mod = types.ModuleType("vllm.v1.attention.ops.rocm_aiter_mla_sparse")
         fake_mod.rocm_inv_rope_einsum = rocm_inv_rope_einsum
         sys.modules["vllm.v1.attention.ops.rocm_aiter_mla_sparse"] = fake_mod
@@ -210,9 +231,12 @@ def main():
         T = 2048
         o = torch.randn(T, Hp, D, device=dev).to(torch.bfloat16)[:, :H, :]
         pos = torch.randint(0, max_pos, (T,), device=dev)
-        ms = triton.testing.do_bench(lambda: rocm_inv_rope_einsum(layer.rotary_emb, o, pos, rope, G, R, wo_a))
-        ms30 = triton.testing.do_bench(lambda: upstream30_z(o, pos, cache, G, hpg, nope, rope, W, R))
-        print(f"  T=2048 time: rocm_inv_rope_einsum {ms*1e3:.1f} us, 0.30 upstream bf16 path {ms30*1e3:.1f} us")
+        # functools.partial binds this iteration's layer, weights and inputs now (a lambda would look them up later).
+        ms = triton.testing.do_bench(
+            functools.partial(rocm_inv_rope_einsum, layer.rotary_emb, o, pos, rope, G, R, wo_a)
+        )
+        ms30 = triton.testing.do_bench(functools.partial(upstream30_z, o, pos, cache, G, hpg, nope, rope, W, R))
+        print(f"  T=2048 time: rocm_inv_rope_einsum {ms * 1e3:.1f} us, 0.30 upstream bf16 path {ms30 * 1e3:.1f} us")
     print("WORST", worst)
 
 

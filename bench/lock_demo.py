@@ -18,10 +18,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import patch_dsv4.state  # noqa: E402
-from tests.conftest import run_cli  # noqa: E402
-from tests.releases import content_snapshot, copy_tree, pristine_tree  # noqa: E402
-from tests.test_safety import run_ranks  # noqa: E402
+import patch_dsv4.state
+from tests.conftest import run_cli
+from tests.releases import content_snapshot, copy_tree, pristine_tree
+from tests.test_safety import run_ranks
 
 
 def main() -> None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import functools
 import json
 import math
 import statistics
@@ -36,7 +37,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-import sparse_mla_reference as reference  # noqa: E402  (tests/ on the path above)
+import sparse_mla_reference as reference  # noqa: E402 - tests/ must be on sys.path first
 
 PATCH_MODULE = ROOT / "patches" / "wide_swa.py"
 
@@ -118,8 +119,12 @@ def main(argv=None) -> int:
     parser.add_argument("--keys", type=int, default=512, help="window row width (sliding_window + vision_max_n_token)")
     parser.add_argument("--compressed", type=int, default=512, help="compressed entries per row")
     parser.add_argument("--dim", type=int, default=None, help="head dim (latent, key = value)")
-    parser.add_argument("--out-dtype", choices=("float32", "bfloat16"), default="float32",
-                        help="dtype of the partial and final outputs (the real kernel writes bfloat16)")
+    parser.add_argument(
+        "--out-dtype",
+        choices=("float32", "bfloat16"),
+        default="float32",
+        help="dtype of the partial and final outputs (the real kernel writes bfloat16)",
+    )
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="one JSON document on stdout")
@@ -139,9 +144,11 @@ def main(argv=None) -> int:
         inputs = make_inputs(tokens, heads, args.keys, args.compressed, dim, device, generator)
         out_full = torch.empty(tokens, heads, dim, dtype=out_dtype, device=device)
         out_sliced = torch.empty_like(out_full)
-        t_full = timed(lambda: full_width(inputs, out_full), device, args.repeats)
+        # functools.partial binds this iteration's tensors now (a lambda would look them up when called).
+        t_full = timed(functools.partial(full_width, inputs, out_full), device, args.repeats)
         t_sliced = timed(
-            lambda: sliced(
+            functools.partial(
+                sliced,
                 query=inputs["query"],
                 swa_kv_cache=inputs["swa_kv_cache"],
                 workspace_buffer=None,
@@ -189,12 +196,16 @@ def main(argv=None) -> int:
         return 0
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     print(f"wide-swa sliced prefill vs one full-width call, torch reference kernel on {name}")
-    print(f"{'tokens':>7} {'heads':>5} {'keys':>5} {'comp':>5} {'dim':>4} {'full ms':>9} {'sliced ms':>10} "
-          f"{'ratio':>6} {'err sliced':>11} {'err full':>10} {'rel sliced':>11}")
+    print(
+        f"{'tokens':>7} {'heads':>5} {'keys':>5} {'comp':>5} {'dim':>4} {'full ms':>9} {'sliced ms':>10} "
+        f"{'ratio':>6} {'err sliced':>11} {'err full':>10} {'rel sliced':>11}"
+    )
     for r in rows:
-        print(f"{r['tokens']:>7} {r['heads']:>5} {r['keys']:>5} {r['compressed']:>5} {r['dim']:>4} "
-              f"{r['full_ms']:>9.2f} {r['sliced_ms']:>10.2f} {r['overhead_ratio']:>6.2f} "
-              f"{r['max_abs_err_sliced']:>11.2e} {r['max_abs_err_full']:>10.2e} {r['max_rel_err_sliced']:>11.2e}")
+        print(
+            f"{r['tokens']:>7} {r['heads']:>5} {r['keys']:>5} {r['compressed']:>5} {r['dim']:>4} "
+            f"{r['full_ms']:>9.2f} {r['sliced_ms']:>10.2f} {r['overhead_ratio']:>6.2f} "
+            f"{r['max_abs_err_sliced']:>11.2e} {r['max_abs_err_full']:>10.2e} {r['max_rel_err_sliced']:>11.2e}"
+        )
     print("errors: max |out - float64 one-softmax reference|; rel: divided by max(1, max |reference|)")
     return 0
 
