@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 # The package's file list lives with the fast paths, which must not import this module's dataclasses.
-from patch_dsv4.quick import PACKAGE_DIR, file_set_change, listed_package_files, package_files  # noqa: F401
+from patch_dsv4.quick import PACKAGE_DIR, file_set_change, listed_package_files, package_files  # noqa: F401 - re-exported
 
 SCHEMA_VERSION = 1
 RECORD_COMMAND = "patch-dsv4 anchors record --all"

@@ -219,7 +219,7 @@ def open_source(root: Path, vllm_version: str | None = None, flashinfer_version:
         elif fi_version:
             notes.append(f"FlashInfer {fi_version} pinned by {where}")
     else:
-        read_flashinfer = lambda _relpath: None  # noqa: E731
+        read_flashinfer = lambda _relpath: None  # noqa: E731 - the other branch binds a method here
         from_file = _version_file(root)
         if vllm_version is not None:
             version = vllm_version

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tests.releases import RELEASES, copy_tree, pristine_tree  # noqa: E402
+from tests.releases import RELEASES, copy_tree, pristine_tree  # noqa: E402 - the checkout must be on sys.path first
 
 
 @dataclass

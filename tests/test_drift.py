@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from patch_dsv4.patches.stream_load import VL_MODEL
-from tests.conftest import RELEASE_PARAMS
+from tests.conftest import RELEASE_PARAMS, CliResult
 from tests.releases import DSV4, cache_dir, pristine_tree, wheel
 
 WHEELS = str(cache_dir() / "wheels")
@@ -26,7 +26,7 @@ def _status(tree, cli) -> dict:
     return result.json()
 
 
-def _drift(cli, *args) -> CliResult:  # noqa: F821
+def _drift(cli, *args) -> CliResult:
     return cli("drift", *args, "--json")
 
 
