@@ -3,7 +3,8 @@
 A :class:`Plan` holds every file to write with its old and new bytes and the
 patches that own it, the manifest to record, the per-patch verdicts as they
 will stand on disk, the notes, and the refusal when there is one. The plan
-functions write nothing and read only through the :class:`State`; a dry run
+functions write nothing and read only through the :class:`State` (each file
+once, so the plan is a function of what was read); a dry run
 renders the plan, apply commits it (:func:`patch_dsv4.transaction.commit`), and
 the report is made from it (:mod:`patch_dsv4.reporting`).
 """
@@ -18,7 +19,7 @@ from patch_dsv4.fs import sha256_bytes
 from patch_dsv4.judge import Judged, Judgement, as_opt_in, judge, plan_files, state_reports
 from patch_dsv4.patch import Patch
 from patch_dsv4.quick import patch_digest
-from patch_dsv4.reading import NO_STATE, State, StateView, context_for
+from patch_dsv4.reading import NO_STATE, State, StateView
 from patch_dsv4.render import PACKAGE_PREFIX
 from patch_dsv4.state import FileEntry, Manifest
 from patch_dsv4.takeover import Restore, foreign_patches, takeover_next
@@ -318,7 +319,7 @@ def _record_judgement(state: State, manifest: Manifest, planned: dict[str, bytes
         for r in reports
     }
     manifest.inputs = {
-        rel: (sha256_bytes(planned[rel]) if rel in planned else env.sha256(rel)) for rel in ctx.files_read()
+        rel: (sha256_bytes(planned[rel]) if rel in planned else state.sha256(rel)) for rel in ctx.files_read()
     }
     manifest.flashinfer = {"version": env.flashinfer_version, "source": env.flashinfer_source}
     manifest.patch_digest = patch_digest()
@@ -329,7 +330,7 @@ def _record_judgement(state: State, manifest: Manifest, planned: dict[str, bytes
 def judge_reverted(state: State) -> tuple[PatchReport, ...]:
     """The verdicts of the tree as revert leaves it: every file we wrote back to its backup's bytes."""
     restore = {rel: data for rel in _to_restore(state) if (data := state.backup(rel)) is not None}
-    ctx = context_for(state.env, NO_STATE, restore, trust_overlay=False)
+    ctx = state.reverted_context(restore)
     judgement = judge(ctx, state.patches, plan=False)
     return as_opt_in(state_reports(judgement, state.patches, NO_STATE), state.patches, set())
 

@@ -4,6 +4,7 @@ reads (as it is, or with some files replaced by bytes we hold). Nothing here wri
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from patch_dsv4.environment import Environment, record_digest
@@ -54,13 +55,17 @@ def read_view(env: Environment, store: StateStore) -> StateView:
 
 
 def context_for(
-    env: Environment, view: StateView = NO_STATE, overlay: dict[str, bytes] | None = None, trust_overlay: bool = True
+    env: Environment,
+    view: StateView = NO_STATE,
+    overlay: dict[str, bytes] | None = None,
+    trust_overlay: bool = True,
+    read: Callable[[str], bytes | None] | None = None,
 ) -> Context:
     """A Context over the environment's files; ``overlay`` replaces some of them (planned or backed-up bytes).
 
     A file is taken as installed when pip's RECORD has its hash, or when the
     state says we wrote it (or accepted it with ``--force``), or (``trust_overlay``)
-    when it is one of the overlay's.
+    when it is one of the overlay's. ``read`` reads a file of the tree (default: from disk, each time).
     """
     accepted: dict[str, set[str]] = {}
     if view.kind == "current" and view.manifest is not None:
@@ -71,9 +76,10 @@ def context_for(
                 accepted.setdefault(relpath, set()).add(sha)
     overlay = overlay or {}
     trusted = overlay if trust_overlay else {}
+    read = env.read_bytes if read is None else read
 
     def read_bytes(relpath: str) -> bytes | None:
-        return overlay[relpath] if relpath in overlay else env.read_bytes(relpath)
+        return overlay[relpath] if relpath in overlay else read(relpath)
 
     def check_installed(relpath: str, data: bytes | None) -> str | None:
         recorded = env.recorded_hash(relpath)
@@ -99,8 +105,8 @@ def context_for(
 class State:
     """One command's reading of the environment: the state view, and the bytes it holds besides the tree.
 
-    Files are read once, when first asked for (later steps see the bytes the
-    first read saw); nothing is written.
+    Each file is read once, when first asked for: every judgement of one
+    command, and its plan, see the same bytes. Nothing is written.
     """
 
     env: Environment
@@ -122,13 +128,24 @@ class State:
 
     def context(self, overlay: dict[str, bytes] | None = None) -> Context:
         """The tree as it is (files we wrote count as installed), with ``overlay`` in place of some files."""
-        return context_for(self.env, self.view, overlay)
+        return context_for(self.env, self.view, overlay, read=self.bytes_of)
+
+    def reverted_context(self, restore: dict[str, bytes]) -> Context:
+        """The tree as revert leaves it: ``restore`` in place, judged as a tree without a state is."""
+        return context_for(self.env, NO_STATE, restore, trust_overlay=False, read=self.bytes_of)
 
     def bytes_of(self, relpath: str) -> bytes | None:
         """A file of the tree as it is now (read once)."""
         if relpath not in self._bytes:
             self._bytes[relpath] = self.env.read_bytes(relpath)
         return self._bytes[relpath]
+
+    def sha256(self, relpath: str) -> str | None:
+        """The sha256 of a file of the tree as it is now (of the bytes read, once read)."""
+        if relpath in self._bytes:
+            data = self._bytes[relpath]
+            return None if data is None else sha256_bytes(data)
+        return self.env.sha256(relpath)
 
     def differs_from_record(self, relpath: str) -> bool:
         data = self.bytes_of(relpath)
