@@ -183,6 +183,10 @@ class DoctorContext:
             raise value.error
         return value
 
+    def seed(self, key: str, value: object) -> None:
+        """Give ``key`` the value a caller computed already (``cached`` then returns it)."""
+        self._cache[key] = value
+
     def config(self) -> dict:
         """The pack's config.json as a dict; raises PackUnreadable (cached either way)."""
 

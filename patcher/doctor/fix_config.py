@@ -127,7 +127,7 @@ def fix_config(pack: Path, checks: DoctorContext | None = None) -> FixResult:
     config = pack / "config.json"
     ctx = DoctorContext(pack=pack)
     if checks is not None:
-        ctx._cache["pack.scan"] = pack_scan(checks)
+        ctx.seed("pack.scan", pack_scan(checks))
     refusal = fixer_refusal(ctx)
     if refusal:
         return FixResult(config, refused=refusal)
