@@ -296,6 +296,10 @@ class Environment:
     def reinstall(self) -> str:
         return self.target.pip(f"vllm=={self.vllm_version}", self.site_packages)
 
+    def reinstall_then(self, command: str = "apply") -> str:
+        """The way out when only pip's own files will do: reinstall, then run ``command`` again."""
+        return f"{self.reinstall()}, then patch-dsv4 {command}{self.target.args()}"
+
 
 def locate_vllm(site_packages: Path | None = None, python: str | None = None) -> Environment:
     """Find vLLM in a directory, in another interpreter's environment, or in this one."""

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
-from patch_dsv4.errors import Refused, TransformBug
+from patch_dsv4.errors import TransformBug
 from patch_dsv4.fingerprint import find_scope
 from patch_dsv4.patch import Context, Edit, Patch
 from patch_dsv4.resolve import check_injected, local_names
@@ -279,16 +279,7 @@ def judge_state(state: State, takeover: bool = False, with_ids: frozenset[str] =
     }
     base = base_ctx = None
     if ours_drifted:
-        backups = {rel: state.backup(rel) for rel in sorted(ours_drifted)}
-        damaged = next((rel for rel, data in backups.items() if data is None), None)
-        if damaged is not None:
-            env = state.env
-            raise Refused(
-                f"the backup of {damaged} is missing or damaged",
-                "",
-                f"{env.reinstall()}, then patch-dsv4 apply{env.target.args()}",
-            )
-        base_ctx = state.context(backups)
+        base_ctx = state.context(state.release_bytes(sorted(ours_drifted)))
         base = judge(base_ctx, patches, plan=False)
     reports = state_reports(now, patches, view, base if view.kind == "current" else None)
     return Judged(now, ctx, reports, base, base_ctx, found, restores)

@@ -112,7 +112,7 @@ def plan_apply(state: State, judged: Judged, opts: Options, notes: list[str]) ->
                 refusal=Refused(
                     f"cannot take over {missing.relpath} from {', '.join(missing.scripts)}",
                     "no backup beside it holds what pip installed (its sha256 in RECORD)",
-                    f"{env.reinstall()}, then patch-dsv4 apply{env.target.args()}",
+                    env.reinstall_then(),
                 ),
             )
         for r in judged.restores:
@@ -274,7 +274,7 @@ def _refusal(state: State, judgement: Judgement, blocked: list[PatchReport], cho
         return Refused(
             f"refusing to apply: {first.id} cannot be judged",
             why.replace(PACKAGE_PREFIX, ""),
-            f"{env.reinstall()}, then patch-dsv4 apply{env.target.args()}",
+            env.reinstall_then(),
         )
     return Refused(
         f"refusing to apply: {first.id} is drifted",

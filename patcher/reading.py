@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from patch_dsv4.environment import Environment, record_digest
+from patch_dsv4.errors import Refused
 from patch_dsv4.fs import sha256_bytes
 from patch_dsv4.patch import Context, Patch
 from patch_dsv4.registry import declared_files
@@ -158,6 +159,16 @@ class State:
         if data is None or sha256_bytes(data) != self.view.manifest.files[relpath].before:
             return None
         return data
+
+    def release_bytes(self, relpaths: list[str]) -> dict[str, bytes]:
+        """The release's bytes of files we wrote, from their backups; refused when one is missing or damaged."""
+        found = {}
+        for relpath in relpaths:
+            data = self.backup(relpath)
+            if data is None:
+                raise Refused(f"the backup of {relpath} is missing or damaged", "", self.env.reinstall_then())
+            found[relpath] = data
+        return found
 
     def pip_copy(self, relpath: str) -> tuple[str, bytes] | None:
         """The sibling backup of ``relpath`` (another tool's) that holds exactly what pip installed, if any."""

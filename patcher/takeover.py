@@ -106,4 +106,4 @@ def takeover_next(env: Environment, judgement: Judgement, pip_copy: PipCopy) -> 
     restores = plan_restores(judgement, pip_copy)
     if restores and all(r.data is not None for r in restores):
         return f"patch-dsv4 takeover{env.target.args()} (saves the edited files, restores pip's from their backups)"
-    return f"{env.reinstall()}, then patch-dsv4 apply{env.target.args()}"
+    return env.reinstall_then()

@@ -321,7 +321,7 @@ def _replay(env: Environment, store: StateStore, manifest: Manifest, source: str
             raise Refused(
                 f"cannot finish the interrupted {op} of {relpath}",
                 "the file changed since",
-                f"{env.reinstall()}, then patch-dsv4 {op}{env.target.args()}",
+                env.reinstall_then(op),
             )
         data = store.read_copy(source, relpath)
         if data is None or sha256_bytes(data) != move["to"]:
