@@ -2,8 +2,9 @@
 
 What runs here is the code the patches write (their helpers, and each replacement statement executed as vLLM
 would execute it). The EXL3 linears are stubs (a dense fp16 weight behind LinearEXL3's ``forward(x, params,
-out_dtype=...)``), and vLLM's Triton inverse RoPE a CPU stand-in: the kernels' numerics and the real
-``LinearEXL3`` need a GPU and exllamav3's extension, and are not checked here.
+out_dtype=...)``, with the input checks and output dtypes the real one showed), and vLLM's Triton inverse RoPE a
+CPU stand-in. The real LinearEXL3 (exllamav3 1.4.5 and 1.6.5, quantized at 2, 3 and 6 bits) and vLLM's kernel run
+in bench/dense_exl3_gpu_check.py on a GPU.
 """
 
 from __future__ import annotations
@@ -100,16 +101,28 @@ def _inverse_rope_gptj(o, positions, cos_sin_cache, rope_head_dim):
 
 
 class StubLinearEXL3:
-    """LinearEXL3's forward(x, params, out_dtype): a dense fp16 weight; records what it was given."""
+    """LinearEXL3's forward(x, params, out_dtype) over a dense fp16 weight; records what it was given.
+
+    What the real one does in exllamav3 1.4.5 and 1.6.5 (their source, and the helpers' calls run against it on an
+    H200 by bench/dense_exl3_gpu_check.py), and the stub keeps: no ``.weight`` (the dense weight hides under
+    another name); a non-contiguous input fails LinearEXL3.forward's assert and a non-fp16 input the kernels'
+    dtype check; up to 144 rows without ``reconstruct`` the output is fp32 only for ``out_dtype=torch.float32``
+    and fp16 for anything else (bf16 included); above that, or with ``reconstruct``, ``out_dtype`` or fp16.
+    """
 
     def __init__(self, weight):
-        self.weight = weight.to(torch.float16)
+        self._dense = weight.to(torch.float16)
+        self.in_features, self.out_features = weight.shape[1], weight.shape[0]
         self.seen = []
 
     def forward(self, x, params, out_dtype=None):
         self.seen.append((x.dtype, x.is_contiguous(), out_dtype, tuple(x.shape)))
-        out = x.to(torch.float32) @ self.weight.to(torch.float32).T
-        return out.to(out_dtype if out_dtype is not None else torch.float16)
+        assert x.is_contiguous(), "LinearEXL3: non-contiguous input"
+        assert x.dtype == torch.float16, "exl3_gemm: A must be half"
+        out = x.to(torch.float32) @ self._dense.to(torch.float32).T
+        if not params.get("reconstruct") and x.numel() // x.shape[-1] <= 144:
+            return out.to(torch.float32 if out_dtype == torch.float32 else torch.float16)
+        return out.to(out_dtype or torch.float16)
 
 
 class Linear(torch.nn.Module):
