@@ -16,7 +16,7 @@ own forward against that reference. vLLM's inverse RoPE is its Triton kernel, ta
     python bench/dense_exl3_gpu_check.py prepare DIR/prep  # here: helpers, statements, vLLM's RoPE kernel
     bash DIR/dense_exl3_gpu_run.sh DIR                     # there: install, build 1.6.5 and 1.4.5, run both
     python3 bench/dense_exl3_gpu_check.py run DIR/prep     # one version (PYTHONPATH selects the exllamav3)
-    python3 bench/dense_exl3_gpu_check.py hazard DIR/prep  # a capture in a process of its own
+    python3 bench/dense_exl3_gpu_check.py hazard DIR/prep N  # capture a never-run 6-bit wo_a at N rows
 
 DIR also holds this script, bench/dense_exl3_gpu_run.sh and DIR/whl: exllamav3 1.6.5 and 1.4.5 and the packages
 the device lacks (pydantic, pydantic-core, annotated-types, typing-inspection, typing-extensions, llguidance,
@@ -26,10 +26,11 @@ Measured on 2026-12-02, one H200 (torch 2.11.0+cu130, nvcc 13.0), TORCH_CUDA_ARC
 (1.6.5, MAX_JOBS=10) and 420 s (1.4.5, MAX_JOBS=6) side by side; quantizing the five linears took 4-5 s per bit
 width. On both versions all 248 checks passed: the O projection (both variants, both paths, 1-200 rows) within
 1.01x of exllamav3's own forward inside vLLM's casts (2.6e-3 relative, bf16 output); the scores float32, wkv then
-wgate, bitwise equal to the plain forward without the plugin, and within the forward's own error (3e-4 to 5e-4)
-with it; each rank's wo_a slice loaded the group it reads; graph capture after warm-up at 1, 2, 4 and 8 rows
-replayed new inputs bitwise equal to eager. The hazard run (3 bits, 8 rows) took exllamav3's GEMV (K 2-4, up to
-8 rows), which has no autotuner, so it did not exercise the autotuner inside a capture.
+wgate, bitwise equal to the plain forward without the plugin, and with it within 1.1x of the forward's own error
+(3e-4 to 5e-4; that run measured it on another random input); each rank's wo_a slice loaded the group it reads;
+graph capture after warm-up at 1, 2, 4 and 8 rows replayed new inputs bitwise equal to eager. The hazard run then
+(3 bits, 8 rows) took exllamav3's GEMV (K 2-4, up to 8 rows), which has no autotuner, so it did not exercise the
+autotuner inside a capture; the 6-bit probe here has not run yet.
 """
 
 import ast
@@ -187,9 +188,8 @@ def rel(out, ref):
     return ((out - ref).norm(dim=-1) / ref.norm(dim=-1).clamp_min(1e-30)).max().item()
 
 
-def own_error(linear, dense, rows):
-    """exllamav3's plain forward against the float64 reference: its own dispatch and its reconstruct path."""
-    x = torch.randn(rows, linear.in_features, device=DEV).half()
+def own_error(linear, dense, x):
+    """exllamav3's plain forward of ``x`` against the float64 reference: its own dispatch and its reconstruct path."""
     ref = x.double() @ dense
     plain = linear.forward(x, {}, out_dtype=torch.float32)
     recon = linear.forward(x, {"reconstruct": True}, out_dtype=torch.float32)
@@ -323,7 +323,7 @@ def check_scores(ns, statements, pair, dense_pair, bits, kind, rows_list, result
             with failure(results, bits, f"{HIDDEN}->{wkv.out_features}x2", f"{kind} scores", path, rows):
                 hidden = torch.randn(rows, HIDDEN, device=DEV).to(torch.bfloat16)
                 x = hidden.half()
-                own = max(own_error(lin, dense, rows) for lin, dense in zip(pair, dense_pair, strict=True))
+                own = max(own_error(lin, dense, x) for lin, dense in zip(pair, dense_pair, strict=True))
                 tol = 1.1 * own + 1e-5
                 plain = torch.cat([lin.forward(x, {}, out_dtype=torch.float32) for lin in pair], dim=-1)
                 for label, closure in closures.items():
@@ -396,21 +396,26 @@ def check_graph(ns, statements, linear, dense, bits, cache, results):
                 )
 
 
-def hazard():
-    """A fresh process: warm the O projection at 1 row only, then capture at 8 rows (a cooperative GEMM bucket the
-    autotuner has not timed yet); what happens is the result."""
+def hazard(rows):
+    """A fresh process (the autotuner's memory is empty): capture the O projection of a 6-bit wo_a at ``rows`` rows
+    with no eager call of that linear before. exllamav3's GEMV takes K 2-4 only, so K=6 reaches the cooperative GEMM
+    and its autotuner at every row count (1.4.5 and 1.6.5 source), as a Dense6 pack's wo_a would. Inverse RoPE and
+    wo_b are warmed through a 3-bit linear of the same shape at 1 row (GEMV: no autotuner). What happens is the result.
+    The first run (exllamav3 1.4.5 and 1.6.5, 3 bits at 8 rows) went through the GEMV and did not reach the autotuner.
+    """
     ns, statements = setup()
     cache = rope_cache()
-    linear, dense, _ = quantize(RANK, WO_A_IN, 3, seed=7, key="hazard.wo_a")
+    warm, _, _ = quantize(RANK, WO_A_IN, 3, seed=7, key="hazard.warm")
+    linear, dense, _ = quantize(RANK, WO_A_IN, 6, seed=8, key="hazard.wo_a")
     (tail, *_) = [
         body(s, ns, "self", "attn_out", "positions") for s in statements["o_proj"].values() if "attn_out" in s
     ]
-    layer = attention_layer(linear, cache, seed=7)
     _, o1, p1 = attention_output(1)
-    tail(layer, o1, p1)
+    tail(attention_layer(warm, cache, seed=7), o1, p1)
     torch.cuda.synchronize()
-    o_pad, o, positions = attention_output(8)
-    report = {"exllamav3": VERSION, "capture": None, "replay": None}
+    layer = attention_layer(linear, cache, seed=7)
+    o_pad, o, positions = attention_output(rows)
+    report = {"exllamav3": VERSION, "bits": 6, "rows": rows, "capture": None, "replay": None}
     try:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
@@ -598,6 +603,6 @@ if __name__ == "__main__":
     elif MODE == "run":
         run()
     elif MODE == "hazard":
-        hazard()
+        hazard(int(sys.argv[3]) if len(sys.argv) > 3 else 1)
     else:
         sys.exit(__doc__)
