@@ -28,9 +28,14 @@ width. On both versions all 248 checks passed: the O projection (both variants, 
 1.01x of exllamav3's own forward inside vLLM's casts (2.6e-3 relative, bf16 output); the scores float32, wkv then
 wgate, bitwise equal to the plain forward without the plugin, and with it within 1.1x of the forward's own error
 (3e-4 to 5e-4; that run measured it on another random input); each rank's wo_a slice loaded the group it reads;
-graph capture after warm-up at 1, 2, 4 and 8 rows replayed new inputs bitwise equal to eager. The hazard run then
+graph capture after warm-up at 1, 2, 4 and 8 rows replayed new inputs bitwise equal to eager. A first hazard run
 (3 bits, 8 rows) took exllamav3's GEMV (K 2-4, up to 8 rows), which has no autotuner, so it did not exercise the
-autotuner inside a capture; the 6-bit probe here has not run yet.
+autotuner inside a capture. The 6-bit probe (this `hazard` mode, 1 and 16 rows, a fresh process each, same day)
+does, and it kills the process on both versions, so no HAZARD line is printed: 1.6.5 segfaults in
+LinearEXL3.forward (exllamav3/modules/quant/exl3.py:142) called from _patch_dsv4_exl3_o_proj inside the capture;
+1.4.5 stops on "GPU assert: operation not permitted when stream is capturing" (quant/coop_autotune.cu:464). So a
+6-bit EXL3 linear must run eagerly at each captured size before the capture (vLLM's warm-up runs before it
+captures do this); the run script records each probe's exit status and last lines.
 """
 
 import ast

@@ -50,7 +50,11 @@ for v in 1.6.5 1.4.5; do  # the capture hazard: one fresh process per row count
   for rows in 1 16; do
     left=$((LIMIT - SECONDS))
     [ $left -gt 40 ] || break
-    timeout $((left - 10)) python3 "$DIR"/dense_exl3_gpu_check.py hazard "$DIR/prep" $rows 2>&1 | grep HAZARD | tee -a "$OUT/hazard-$v.log"
+    # The probe may kill the process (a segfault, a GPU assert): keep its exit status and its last lines.
+    timeout $((left - 10)) python3 -X faulthandler "$DIR"/dense_exl3_gpu_check.py hazard "$DIR/prep" $rows \
+      > "$w/hazard-$rows.log" 2>&1
+    echo "rows $rows: exit $?" | tee -a "$OUT/hazard-$v.log"
+    grep -E 'HAZARD|GPU assert|Fatal Python error|line [0-9]+ in ' "$w/hazard-$rows.log" | head -8 | tee -a "$OUT/hazard-$v.log"
   done
   touch $w/hazard
 done
