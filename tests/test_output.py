@@ -229,6 +229,22 @@ def test_dry_run_refuses_where_apply_refuses(make_tree):
     assert forced.code == 0 and forced.stdout.startswith("--- a/vllm/")
 
 
+def test_a_refused_apply_json_carries_the_verdicts_it_refused_on(make_tree):
+    tree = make_tree("0.30.0")
+    hand_edit(tree / VL_MODEL, (tree / VL_MODEL).read_text() + "\n# a local hotfix\n")
+    status = run_cli("status", "--site-packages", tree, "--json").json()
+    for args in (("apply",), ("apply", "--dry-run")):
+        refused = run_cli(*args, "--site-packages", tree, "--json")
+        document = refused.json()
+        _validate(document)
+        assert refused.code == document["exit_code"] == 1
+        assert "RECORD" in document["error"] and document["summary"] == document["error"]
+        assert document["patches"] == status["patches"] and any(p["verdict"] == "pending" for p in document["patches"])
+        assert document["target"] == status["target"] and document["vllm_version"] == "0.30.0"
+        assert document["next"] and "--force" in document["next"]
+        assert set(document) == set(status)
+
+
 # -- progress ------------------------------------------------------------------------------
 def test_a_lock_wait_says_who_holds_the_lock(make_tree):
     import fcntl
