@@ -34,10 +34,10 @@ CHILD = """
 import json, resource, sys, time
 from pathlib import Path
 start = time.perf_counter()
-from patch_dsv4.doctor import pack
-from patch_dsv4.doctor.base import CHECKS, DoctorContext, run_checks
+from patch_dsv4.doctor.base import DoctorContext, run_checks
+from patch_dsv4.doctor.run import pack_checks
 ctx = DoctorContext.from_serve_args(sys.argv[2], pack=Path(sys.argv[1]))
-rows = run_checks(ctx, [spec for spec in CHECKS if spec.fn.__module__ == pack.__name__])
+rows = run_checks(ctx, pack_checks())
 print(json.dumps({
     "seconds": time.perf_counter() - start,
     "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,

@@ -20,12 +20,21 @@ use: about 8 GB and 10 minutes), with this checkout installed into it.
 The venv is left as it was found: the state is reverted, the throwaway plugin removed.
 
     python bench/bench_guard.py [--version 0.30.0] [--repeat 5] [--skip-callers]
+
+``--tree`` measures the guard's first call without the real venv (no torch, nothing installed anywhere): a
+writable copy of the release's installed tree (tests/releases.py) is applied, then each fresh interpreter
+(``python -I``) registers that tree's ``vllm/`` as the imported vLLM and times ``import patch_dsv4.guard`` plus
+``check()``, wall and CPU: in a bare interpreter (every module the guard needs counted), and after the standard
+library modules a vLLM process has imported before it calls its plugins (logging, json, hashlib, re, fcntl).
+
+    python bench/bench_guard.py --tree [--version 0.30.0] [--repeat 20]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -59,6 +68,87 @@ print(MARK + json.dumps({"import_vllm": t1 - t0, "import_guard": t2 - t1, "check
                           "full_judgement": bool(full), "problems": [p[0] + " " + p[1] for p in problems]}))
 """
 )
+
+# The first call in a fresh interpreter: the tree's vllm/ stands for the imported vLLM (the guard reads its path).
+# argv: the tree, then the standard library modules to import first (a vLLM process has them already).
+COLD = (
+    f"MARK = {MARK!r}\n"
+    + r"""
+import sys, time, types
+tree = sys.argv[1]
+for name in sys.argv[2:]:
+    __import__(name)
+sys.path.insert(0, tree)
+vllm = types.ModuleType("vllm")
+vllm.__file__ = tree + "/vllm/__init__.py"
+sys.modules["vllm"] = vllm
+before = set(sys.modules)
+t1, c1 = time.perf_counter(), time.process_time()
+import patch_dsv4.guard as guard
+t2 = time.perf_counter()
+full = []
+judge = guard._full_judgement
+guard._full_judgement = lambda *a: full.append(1) or judge(*a)
+guard.check()
+t3, c3 = time.perf_counter(), time.process_time()
+problems = guard.judge_this_vllm()
+import json
+print(MARK + json.dumps({"import_guard": t2 - t1, "check": t3 - t2, "cpu": c3 - c1, "full_judgement": bool(full),
+                          "modules": len(set(sys.modules) - before),
+                          "problems": [p[0] + " " + p[1] for p in problems]}))
+"""
+)
+# What vLLM has imported before it calls its plugins, of what the guard uses.
+VLLM_PRELOADED = ("logging", "json", "hashlib", "re", "fcntl")
+
+
+def cold_tree(version: str, repeat: int) -> None:
+    """The guard's first call in fresh interpreters on an applied copy of ``version``'s installed tree."""
+    import shutil
+    import subprocess
+
+    from tests.releases import copy_tree, pristine_tree
+
+    work = Path(tempfile.mkdtemp(prefix="bench-guard-"))
+    results = {}
+    try:
+        tree = copy_tree(pristine_tree(version), work / "site-packages")
+        subprocess.run([sys.executable, "-m", "patch_dsv4", "apply", "--site-packages", str(tree), "-q"], check=True)
+        cases = {"bare interpreter": [], "after vLLM's stdlib imports": list(VLLM_PRELOADED)}
+        for i in range(repeat + 1):
+            for label, preload in cases.items():  # interleaved: a load that comes and goes hits both alike
+                proc = subprocess.run(
+                    [sys.executable, "-I", "-c", COLD, str(tree), *preload],
+                    capture_output=True,
+                    text=True,
+                    env={"PATCH_DSV4_GUARD": "warn", "PATH": "/usr/bin:/bin"},
+                )
+                lines = [line for line in proc.stdout.splitlines() if line.startswith(MARK)]
+                if proc.returncode or not lines:
+                    raise SystemExit(f"the timing process failed (exit {proc.returncode}):\n{proc.stderr[-2000:]}")
+                if i:  # the first round warms the page cache and writes the bytecode
+                    results.setdefault(label, []).append(json.loads(lines[-1][len(MARK) :]))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"vLLM {version}, applied tree; {repeat} fresh interpreters (python -I) per case after a warm-up round;")
+    print(f"the guard's first call, its imports included; medians (min) in ms; load average {os.getloadavg()[0]:.1f}")
+    print(f"{'case':30} {'import':>8} {'check()':>8} {'wall':>14} {'CPU':>14} modules full")
+    for label, runs in results.items():
+        wall = [r["import_guard"] + r["check"] for r in runs]
+        cpu = [r["cpu"] for r in runs]
+
+        def med(values):
+            return f"{statistics.median(values) * 1000:6.1f}"
+
+        print(
+            f"{label:30} {med(r['import_guard'] for r in runs):>8} {med(r['check'] for r in runs):>8} "
+            f"{med(wall):>7} ({min(wall) * 1000:4.1f}) {med(cpu):>7} ({min(cpu) * 1000:4.1f}) "
+            f"{runs[-1]['modules']:7} {sum(r['full_judgement'] for r in runs)}/{len(runs)}"
+        )
+    print(f"reported: {', '.join(results['bare interpreter'][-1]['problems']) or 'nothing'}")
+    bare = statistics.median(r["import_guard"] + r["check"] for r in results["bare interpreter"])
+    print(f"target: first call <= 10 ms (bare interpreter, wall median): {'met' if bare <= 0.010 else 'NOT met'}")
+
 
 PROBE_NAME = "patch_dsv4_bench_probe"
 PROBE_MODULE = '''
@@ -157,7 +247,11 @@ def main() -> None:
     parser.add_argument("--version", default="0.30.0")
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--skip-callers", action="store_true")
+    parser.add_argument("--tree", action="store_true", help="no real venv: a fresh bare interpreter per run")
     args = parser.parse_args()
+    if args.tree:
+        cold_tree(args.version, args.repeat)
+        return
 
     started = time.monotonic()
     root = venvs.build(args.version)

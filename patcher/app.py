@@ -22,6 +22,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
     no_args_is_help=True,
+    context_settings={"help_option_names": ["-h", "--help"]},  # inherited by every command
 )
 
 
@@ -124,7 +125,10 @@ def status(
     quiet: bool = Quiet,
     lock_timeout: float = LockTimeout,
 ) -> None:
-    """A verdict per patch for this environment (an apply or revert under way is waited for)."""
+    """A verdict per patch for this environment; writes nothing.
+
+    An apply or revert under way (another process holds the lock) is waited for, up to --lock-timeout.
+    """
     from patch_dsv4 import commands
 
     report = commands.status(_environment(site_packages, python), lock_timeout=lock_timeout, on_wait=_lock_wait)
@@ -175,11 +179,11 @@ def takeover(
     verbose: bool = Verbose,
     quiet: bool = Quiet,
 ) -> None:
-    """Take over from another tool's edits (the recipes' scripts), then apply: no reinstall.
+    """Replace other tools' edits (the recipes' scripts) by ours.
 
-    Each file holding a recognised edit of another tool is saved under .patch-dsv4/saved-edits/ and restored from
-    the backup beside it whose sha256 is pip's RECORD entry; then every patch is applied as apply would, all files
-    or none. revert afterwards gives pip's bytes.
+    No reinstall: each file holding a recognised edit of another tool is saved under .patch-dsv4/saved-edits/
+    and restored from the backup beside it whose sha256 is pip's RECORD entry; then every patch is applied as
+    apply would, all files or none. revert afterwards gives pip's bytes.
     """
     from patch_dsv4 import commands
 
@@ -200,7 +204,10 @@ def verify(
     quiet: bool = Quiet,
     lock_timeout: float = LockTimeout,
 ) -> None:
-    """CI gate: exit 0 only if every patch this environment needs is applied and intact."""
+    """CI gate: exit 0 only if every needed patch is applied, intact.
+
+    Needed: every patch this environment needs (pending, drifted, modified or foreign ones fail it).
+    """
     from patch_dsv4 import commands
 
     report = commands.verify(_environment(site_packages, python), lock_timeout=lock_timeout, on_wait=_lock_wait)
@@ -222,7 +229,7 @@ def revert(
     verbose: bool = Verbose,
     quiet: bool = Quiet,
 ) -> None:
-    """Restore every file we patched, byte for byte, and remove the state."""
+    """Restore every file we patched, byte for byte; remove the state."""
     from patch_dsv4 import commands
 
     env = _environment(site_packages, python)
@@ -253,7 +260,10 @@ def doctor(
     verbose: bool = Verbose,
     quiet: bool = Quiet,
 ) -> None:
-    """Will this environment serve this pack? Checked from files, before a 95 GB load."""
+    """Will this vLLM serve this pack? Read-only checks, in seconds.
+
+    Checked from files (config.json, the shards' headers, the installed packages), before a 95 GB load.
+    """
     from patch_dsv4.doctor.run import doctor_command
 
     code = doctor_command(
@@ -319,7 +329,10 @@ def drift(
     verbose: bool = Verbose,
     quiet: bool = Quiet,
 ) -> None:
-    """Judge a vLLM release without installing it: per patch, its verdict and its anchors' fingerprints."""
+    """Judge a vLLM release without installing it.
+
+    Per patch, its verdict and its anchors' fingerprints, from a wheel (fetched with pip), a file or a source tree.
+    """
     from patch_dsv4.drift import drift as judge_drift
 
     with _release_target(vllm_version, wheel, source, flashinfer_version, cache_dir, pip_options) as target:
@@ -344,7 +357,10 @@ def anchors_record(
     ),
     check: bool = typer.Option(False, "--check", help="Write nothing; exit 1 if a record differs from a fresh one."),
 ) -> None:
-    """Maintainers: record each release's verdicts, fingerprints and file hashes from its real wheel."""
+    """Maintainers: record each release's anchors from its wheel.
+
+    Each release's verdicts, fingerprints and file hashes, recorded from its real wheel.
+    """
     from patch_dsv4 import anchors_store
     from patch_dsv4.drift import record
     from patch_dsv4.release_target import fetch_wheel, open_wheel
@@ -391,11 +407,47 @@ def _root(
     pass
 
 
+TARGETED = ("status", "apply", "takeover", "verify", "revert", "doctor")
+
+
+def _stray_argument(command: str, stray: str) -> PatcherError:
+    """``patch-dsv4 status DIR``: the target is an option; the error names the one that fits what was given."""
+    import os
+    import shlex
+
+    given = stray.split()[0]
+    path = Path(given)
+    if command == "drift":
+        option = "--wheel" if given.endswith(".whl") else "--source" if path.is_dir() else "--vllm-version"
+    elif command == "doctor" and (path / "config.json").is_file():
+        option = "--pack"
+    elif path.is_dir():
+        option = "--site-packages"
+    elif path.is_file() and os.access(path, os.X_OK):
+        option = "--python"
+    else:
+        option = None
+    what = f"{command} takes no positional argument ({stray})"
+    if option is None:
+        why = "name the environment with --python EXE or --site-packages DIR"
+        return PatcherError(what, why, f"patch-dsv4 {command} -h")
+    return PatcherError(what, f"name it with {option}", f"patch-dsv4 {command} {option} {shlex.quote(given)}")
+
+
 def run(args: list[str]) -> int:
     """Run the command line; PatcherError and usage errors propagate to patch_dsv4.cli, which prints them."""
+    import re
+
     command = typer.main.get_command(app)
     try:
         code = command.main(args=args, prog_name="patch-dsv4", standalone_mode=False)
     except typer.Exit as exc:
         return getattr(exc, "exit_code", 0)
+    except typer.TyperException as exc:  # a usage error (Typer's own click): a stray positional gets a hint
+        ctx = getattr(exc, "ctx", None)
+        name = ctx.info_name if ctx is not None else None
+        stray = re.match(r"Got unexpected extra argument(?:s|\(s\))? \((.*)\)$", getattr(exc, "message", ""))
+        if stray and name in (*TARGETED, "drift"):
+            raise _stray_argument(name, stray[1]) from None
+        raise
     return code if isinstance(code, int) else 0

@@ -63,14 +63,14 @@ def print_error(what: str, why: str = "", next_step: str = "", stream=None) -> N
                 stream.write(_wrapped(f"patch-dsv4: {label}: {part}") + "\n")
 
 
-def _fail(command: str | None, what: str, why: str, next_step: str, code: int, as_json: bool) -> int:
+def _fail(command: str | None, what: str, why: str, next_step: str, code: int, as_json: bool, report=None) -> int:
     print_error(what, why, next_step)
     if as_json:
         from patch_dsv4.render import write_json
         from patch_dsv4.verdicts import error_document
 
         message = what + (f": {why}" if why else "")
-        write_json(error_document(command or "patch-dsv4", message, code))
+        write_json(error_document(command or "patch-dsv4", message, code, report))
     return code
 
 
@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
 
             code = run(args)
     except PatcherError as exc:
-        code = _fail(command, exc.what, exc.why, exc.next_step, exc.exit_code, as_json)
+        code = _fail(command, exc.what, exc.why, exc.next_step, exc.exit_code, as_json, getattr(exc, "report", None))
     except KeyboardInterrupt:
         code = _fail(command, "interrupted", "", "", 130, as_json)
     except BrokenPipeError:  # `patch-dsv4 status | head`: the reader left; say nothing more

@@ -22,7 +22,7 @@ from patch_dsv4.judge import judge_state
 from patch_dsv4.planning import judge_reverted, options, plan_apply, plan_revert
 from patch_dsv4.reading import read_state, read_view, state_store
 from patch_dsv4.registry import discover_patches
-from patch_dsv4.reporting import committed_report, dry_run_report, status_report
+from patch_dsv4.reporting import committed_report, dry_run_report, refused_report, status_report
 from patch_dsv4.transaction import commit, recover
 from patch_dsv4.verdicts import Report, next_step
 
@@ -90,6 +90,7 @@ def apply(
         plan = plan_apply(state, judged, opts, notes)
         checkpoint("judged")
         if plan.refusal is not None:
+            plan.refusal.report = refused_report(plan)
             raise plan.refusal
         if dry_run:
             return dry_run_report(plan)

@@ -38,6 +38,7 @@ class Refused(PatcherError):
     """apply/revert would be unsafe (drift, hand edits): exit 1, nothing written."""
 
     exit_code = EXIT_NEEDS_ACTION
+    report = None  # a refused apply: the Report of the verdicts it refused on (--json carries them)
 
 
 class TransformBug(PatcherError):

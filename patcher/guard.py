@@ -21,14 +21,20 @@ full judgement. A bug in the guard never stops vLLM in ``warn`` mode.
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 
 ENV = "PATCH_DSV4_GUARD"
 MODES = ("warn", "strict", "off")
-_logger = logging.getLogger("vllm.patch_dsv4")  # under vLLM's logger: its handler and format
+LOGGER = "vllm.patch_dsv4"  # under vLLM's logger: its handler and format
 _reported = False
+
+
+def _logger():
+    """The guard's logger, imported when the guard has something to say (vLLM has imported logging by then)."""
+    import logging
+
+    return logging.getLogger(LOGGER)
 
 
 class PatchesNotInPlace(RuntimeError):
@@ -42,7 +48,7 @@ def check() -> None:
     if mode == "off":
         return
     if mode not in MODES:
-        _logger.warning("patch-dsv4: %s=%r is not one of warn, strict, off; warning only", ENV, mode)
+        _logger().warning("patch-dsv4: %s=%r is not one of warn, strict, off; warning only", ENV, mode)
         mode = "warn"
     try:
         writer = _writer()
@@ -52,7 +58,7 @@ def check() -> None:
             raise PatchesNotInPlace(f"patch-dsv4 could not check this vLLM ({type(exc).__name__}: {exc})") from exc
         if not _reported:
             _reported = True
-            _logger.warning("patch-dsv4: could not check this vLLM's patches (%s: %s)", type(exc).__name__, exc)
+            _logger().warning("patch-dsv4: could not check this vLLM's patches (%s: %s)", type(exc).__name__, exc)
         return
     if writer:
         message = (
@@ -60,7 +66,10 @@ def check() -> None:
             f"checked until it ends; start vLLM after it (or set {ENV}=off)"
         )
     elif not problems:
-        _logger.debug("patch-dsv4: every patch this vLLM needs is in place")
+        # Said only where logging is in use (in vLLM it always is): elsewhere no handler would show a debug line,
+        # and importing logging for it would double the cost of the guard's first call in a bare interpreter.
+        if "logging" in sys.modules:
+            _logger().debug("patch-dsv4: every patch this vLLM needs is in place")
         return
     else:
         message = describe(problems)
@@ -68,7 +77,7 @@ def check() -> None:
         raise PatchesNotInPlace(message)
     if not _reported:
         _reported = True
-        _logger.error("%s", message)
+        _logger().error("%s", message)
 
 
 def describe(problems: list[tuple[str, str, list[str]]]) -> str:

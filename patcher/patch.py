@@ -69,10 +69,12 @@ class Context:
         read_bytes: Callable[[str], bytes | None],
         read_flashinfer_bytes: Callable[[str], bytes | None] = lambda _relpath: None,
         check_installed: Callable[[str, bytes | None], str | None] = lambda _relpath, _data: None,
+        flashinfer_given: bool = False,
     ) -> None:
         self.vllm_version = vllm_version
         self.flashinfer_version = flashinfer_version
         self.flashinfer_source = flashinfer_source
+        self.flashinfer_given = flashinfer_given  # drift --flashinfer-version named it (judged as a pin)
         self._read_bytes = read_bytes
         self._read_flashinfer_bytes = read_flashinfer_bytes
         self._check_installed = check_installed

@@ -63,6 +63,7 @@ class ReleaseTarget:
             flashinfer_source=self.flashinfer_source,
             read_bytes=self.read_bytes,
             read_flashinfer_bytes=self.read_flashinfer_bytes,
+            flashinfer_given=self.flashinfer_given,
         )
 
     def close(self) -> None:

@@ -73,6 +73,13 @@ def dry_run_report(plan: Plan) -> Report:
     return replace(out, build=state.build_identity())
 
 
+def refused_report(plan: Plan) -> Report:
+    """What a refused apply found: the verdicts it refused on, and the way out the refusal names."""
+    state = plan.state
+    out = report(state, plan.command, plan.reports, state.kind, notes=plan.notes)
+    return replace(out, build=state.build_identity(), next_step=plan.refusal.next_step or None)
+
+
 def committed_report(plan: Plan, committed: Committed) -> Report:
     """What apply or revert did: the plan's verdicts as they now stand on disk."""
     state = plan.state

@@ -8,7 +8,7 @@ document with the same functions, without importing this module.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from patch_dsv4 import render
 
@@ -214,8 +214,9 @@ class Report:
         )
 
 
-def error_document(command: str, message: str, exit_code: int) -> dict:
-    """An error in the command's own document: every key present and empty, ``error`` and ``summary`` set."""
+def error_document(command: str, message: str, exit_code: int, report: Report | None = None) -> dict:
+    """An error in the command's own document: every key present and empty, ``error`` and ``summary`` set;
+    with ``report`` (a refused apply), its target, verdicts and notes instead of the empty ones."""
     if command == "list":
         empty = {"patches": []}
     elif command == "doctor":
@@ -227,6 +228,8 @@ def error_document(command: str, message: str, exit_code: int) -> dict:
             "config_fix": None,
             "summary": message,
         }
+    elif report is not None:
+        empty = replace(report, exit_code=exit_code, summary=message).to_json()
     else:
         empty = Report(command, None, None, None, None, (), None, exit_code, message).to_json()
         if command == "drift":

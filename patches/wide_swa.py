@@ -306,6 +306,8 @@ def flashinfer_row_limit(ctx: Context) -> tuple[bool, str]:
                 return False, f"{where}: {FLASHINFER_PREFILL_CU} dispatch_dsv4_dual takes the row width at run time"
         elif ctx.read_flashinfer(FLASHINFER_PREFILL_DISPATCH_07) is not None:
             return False, f"{where}: SM120 prefill is planned at run time ({FLASHINFER_PREFILL_DISPATCH_07})"
+    elif ctx.flashinfer_given:
+        where = f"FlashInfer {version}, as given (--flashinfer-version)"
     elif ctx.flashinfer_source == "pinned":
         where = f"FlashInfer {version}, pinned by vLLM {ctx.vllm_version}"
     else:

@@ -101,6 +101,8 @@ def test_flashinfer_version_overrides_the_pin(cli):
     assert any("--flashinfer-version" in c and "0.6.18.post1" in c for c in data["choices"])
     verdicts = {p["id"]: p["verdict"] for p in data["patches"]}
     assert verdicts["wide-swa"] == "upstream"  # FlashInfer 0.7.0.post1 takes the wide rows itself
+    evidence = str(next(p for p in data["patches"] if p["id"] == "wide-swa"))
+    assert "FlashInfer 0.7.0.post1, as given (--flashinfer-version)" in evidence and "pinned by" not in evidence
 
 
 # -- releases made to drift ------------------------------------------------------------

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from patch_dsv4.cli import COMMANDS
 from patch_dsv4.patches.stream_load import VL_MODEL
 from patch_dsv4.patches.wide_swa import FLASHINFER_SPARSE
 from tests.conftest import ROOT, run_cli
@@ -227,6 +228,56 @@ def test_dry_run_refuses_where_apply_refuses(make_tree):
     assert dry.stdout == "" and "RECORD" in dry.stderr
     forced = run_cli("apply", "--site-packages", tree, "--dry-run", "--force")
     assert forced.code == 0 and forced.stdout.startswith("--- a/vllm/")
+
+
+def test_a_refused_apply_json_carries_the_verdicts_it_refused_on(make_tree):
+    tree = make_tree("0.30.0")
+    hand_edit(tree / VL_MODEL, (tree / VL_MODEL).read_text() + "\n# a local hotfix\n")
+    status = run_cli("status", "--site-packages", tree, "--json").json()
+    for args in (("apply",), ("apply", "--dry-run")):
+        refused = run_cli(*args, "--site-packages", tree, "--json")
+        document = refused.json()
+        _validate(document)
+        assert refused.code == document["exit_code"] == 1
+        assert "RECORD" in document["error"] and document["summary"] == document["error"]
+        assert document["patches"] == status["patches"] and any(p["verdict"] == "pending" for p in document["patches"])
+        assert document["target"] == status["target"] and document["vllm_version"] == "0.30.0"
+        assert document["next"] and "--force" in document["next"]
+        assert set(document) == set(status)
+
+
+# -- help and usage --------------------------------------------------------------------------
+def test_the_top_level_help_shows_every_command_whole_at_80_columns(monkeypatch):
+    import typer
+
+    from patch_dsv4.app import app
+
+    monkeypatch.setenv("COLUMNS", "80")
+    shown = run_cli("--help")
+    assert shown.code == 0 and all(len(line) <= 80 for line in shown.stdout.splitlines()), shown.stdout
+    listed = shown.stdout.split("Commands:\n")[1].splitlines()
+    assert sorted(line.split()[0] for line in listed) == sorted(COMMANDS)
+    for line in listed:
+        name = line.split()[0]
+        command = typer.main.get_command(app).commands[name]
+        first = (command.help or "").split("\n\n")[0].strip()
+        assert line.split(None, 1)[1] == first and "..." not in line, line
+
+
+@pytest.mark.parametrize("command", [(), *[(c,) for c in COMMANDS], ("anchors", "record")])
+def test_dash_h_is_help_everywhere(command):
+    short, long = run_cli(*command, "-h"), run_cli(*command, "--help")
+    assert short.code == long.code == 0 and short.stdout == long.stdout and short.stdout.startswith("Usage: ")
+
+
+def test_a_stray_positional_names_the_option_it_meant(tmp_path):
+    result = run_cli("status", tmp_path)
+    assert result.code == 2 and result.stdout == ""
+    assert f"status takes no positional argument ({tmp_path})" in result.stderr
+    assert f"next: patch-dsv4 status --site-packages {tmp_path}" in result.stderr
+    wheel_file = run_cli("drift", tmp_path / "vllm-0.30.0-py3-none-any.whl", "--json")
+    assert wheel_file.code == 2 and "drift --wheel " in wheel_file.stderr and wheel_file.json()["error"]
+    assert "Got unexpected extra argument" in run_cli("list", "extra").stderr  # no target to name there
 
 
 # -- progress ------------------------------------------------------------------------------

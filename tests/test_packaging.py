@@ -123,3 +123,32 @@ def test_the_sdist_holds_what_a_build_needs(dists):
         assert not missing, f"the sdist lacks {sorted(missing)} of {directory}/"
     assert pkg_info["Version"] == version
     assert not {n for n in names if "/.venv/" in n or "/.git/" in n or "__pycache__" in n}
+
+
+def test_the_sdist_carries_its_license_and_runs_its_tests(dists, tmp_path):
+    sdist, wheel = dists
+    top = f"patch_dsv4-{_source_version()}"
+    with zipfile.ZipFile(wheel) as zf:
+        info = f"patch_dsv4-{_source_version()}.dist-info"
+        assert zf.read(f"{info}/licenses/LICENSE") == (ROOT / "LICENSE").read_bytes()
+        assert Parser().parsestr(zf.read(f"{info}/METADATA").decode())["License-File"] == "LICENSE"
+    assert "Apache License" in (ROOT / "LICENSE").read_text(encoding="utf-8")[:200]
+    with tarfile.open(sdist) as tf:
+        names = set(tf.getnames())
+        tf.extractall(tmp_path, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+    assert f"{top}/LICENSE" in names
+    helpers = {str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("*.py")}
+    missing = sorted(h for h in helpers if f"{top}/{h}" not in names)
+    assert not missing, f"the sdist lacks the test files {missing}"
+
+    # Every test module imports (its helpers are there), and a test file runs, from the unpacked sdist.
+    unpacked = tmp_path / top
+    for args in (["--collect-only", "-m", "not real_vllm"], ["tests/test_registry.py"]):
+        ran = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
+            cwd=unpacked,
+            capture_output=True,
+            text=True,
+        )
+        assert ran.returncode == 0, f"pytest {args} in the sdist:\n{ran.stdout[-3000:]}\n{ran.stderr[-2000:]}"
+        assert "error" not in ran.stdout.lower().splitlines()[-1], ran.stdout[-2000:]

@@ -7,6 +7,7 @@ them (or from anchors/ for a pristine known build), else from a full judgement.
 
 from __future__ import annotations
 
+import importlib
 import os
 import platform
 import re
@@ -18,18 +19,36 @@ from pathlib import Path
 from patch_dsv4.environment import Environment
 from patch_dsv4.errors import EXIT_NEEDS_ACTION, EXIT_OK, EnvironmentProblem
 
-from .base import FAIL, STATUSES, DoctorContext, Row, Runtime, clip, run_checks
+from .base import CHECKS, FAIL, STATUSES, CheckSpec, DoctorContext, Row, Runtime, clip, run_checks
+
+# The check modules, in report order; importing one registers its checks (base.check).
+PACK_CHECK_MODULES = (
+    "config",  # pack.config, pack.text-config, quant.method, quant.bits, quant.codebook
+    "shards",  # pack.shards, pack.index, pack.symlinks
+    "experts",  # experts.complete, experts.shapes, experts.one-k
+    "bits",  # quant.layer-bits, experts.markers
+    "dense",  # dense.policy, mtp.format, quant.delegate, dense.exl3-map, dense.wo-a-slices
+    "model",  # config.topk-method, config.hash-layers, config.vision, config.spec-k
+)
+CHECK_MODULES = (
+    *PACK_CHECK_MODULES,
+    "runtime",  # rt.*: the serving interpreter's packages (vLLM, FlashInfer, exllamav3, the plugin, torch)
+    "environ",  # env.*: environment variables and serve flags against this vLLM and pack
+    "host",  # host.*: the GPUs, memory, page cache, the pack's size
+)
 
 
 def _register_checks() -> None:
     """Import the check modules: registration order is report order (pack, runtime, environment, host)."""
-    # Imported one by one, in report order, for what importing registers: not sorted, not "unused".
-    # isort: off
-    from . import pack  # noqa: F401 - registers the pack checks
-    from . import runtime  # noqa: F401 - registers the runtime checks
-    from . import environ  # noqa: F401 - registers the environment checks
-    from . import host  # noqa: F401 - registers the host checks
-    # isort: on
+    for name in CHECK_MODULES:
+        importlib.import_module(f"{__package__}.{name}")
+
+
+def pack_checks() -> list[CheckSpec]:
+    """The pack's checks (the modules that read only the pack, its config and vLLM's files), in report order."""
+    _register_checks()
+    modules = {f"{__package__}.{name}" for name in PACK_CHECK_MODULES}
+    return [spec for spec in CHECKS if spec.fn.__module__ in modules]
 
 
 @dataclass(frozen=True)

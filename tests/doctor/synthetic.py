@@ -29,8 +29,8 @@ from dataclasses import dataclass, replace
 from math import prod
 from pathlib import Path
 
-from patch_dsv4.doctor import pack as pack_checks
-from patch_dsv4.doctor.base import CHECKS, FAIL, DoctorContext, Row, Runtime, run_checks
+from patch_dsv4.doctor.base import FAIL, DoctorContext, Row, Runtime, run_checks
+from patch_dsv4.doctor.run import pack_checks
 from patch_dsv4.doctor.safetensors import DTYPE_SIZES
 
 MCG = -877912083
@@ -485,7 +485,7 @@ def fake_vllm(root: Path, *, version: str = "0.30.0", route_b: bool = False, lna
 # ------------------------------------------------------------------ running the pack checks
 
 
-PACK_CHECKS = [spec for spec in CHECKS if spec.fn.__module__ == pack_checks.__name__]
+PACK_CHECKS = pack_checks()
 DSPARK = """--speculative-config '{"method": "dspark", "num_speculative_tokens": 3}'"""
 
 
