@@ -483,7 +483,8 @@ def _upstream_or_narrow(ctx: Context, tree: ast.Module | None) -> Outcome | None
 def _sets_attribute(tree: ast.Module, name: str) -> bool:
     """Whether a class of ``tree`` sets ``name`` (``self.name = ...`` or a class attribute)."""
     for node in ast.walk(tree):
-        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        targets = node.targets if isinstance(node, ast.Assign) else []
+        targets = [node.target] if isinstance(node, ast.AnnAssign) else targets
         for target in targets:
             if (isinstance(target, ast.Attribute) and target.attr == name) or (
                 isinstance(target, ast.Name) and target.id == name

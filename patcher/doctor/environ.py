@@ -26,7 +26,11 @@ from .serving_env import (
 
 SHARED_STREAM = "VLLM_DISABLE_SHARED_EXPERTS_STREAM"
 #: Each switch of the aux-streams patch and the value that turns the streams off (patches/aux_streams.py).
-AUX_STREAM_SWITCHES = (("PATCH_DSV4_AUX_STREAMS", "0"), ("LNA_DSV4_AUX_STREAMS", "0"), ("DSV41_EXL3_SERIAL_STREAMS", "1"))
+AUX_STREAM_SWITCHES = (
+    ("PATCH_DSV4_AUX_STREAMS", "0"),
+    ("LNA_DSV4_AUX_STREAMS", "0"),
+    ("DSV41_EXL3_SERIAL_STREAMS", "1"),
+)
 LONG_CONTEXT = 200_000  # R README.md:423-427: expandable segments are "required past about 200k tokens"
 
 
