@@ -313,7 +313,8 @@ def text_lines(doc: dict, style: Style, per_patch: Callable[[str], list[str]] | 
     if build is not None and (style.verbosity > 0 or not build["known"]):
         lines.extend(_wrap(build["detail"], style.width, ""))
     if style.verbosity > 0 and doc.get("fingerprint"):
-        lines.append(f"fingerprint: {doc['fingerprint']}")  # one line, never folded: people copy it whole
+        # on a line of its own, never folded (people copy it whole), indented as the code shown above
+        lines += ["fingerprint of what this tree serves:", f"        {doc['fingerprint']}"]
     if doc["changed_files"]:
         lines.append(f"{'restored' if doc['command'] == 'revert' else 'wrote'} {len(doc['changed_files'])} file(s):")
         lines.extend(f"  {relpath}" for relpath in doc["changed_files"])

@@ -31,7 +31,12 @@ def running(monkeypatch):
 
 
 def _records(caplog):
-    return [r for r in caplog.records if r.name == "vllm.patch_dsv4"]
+    """Our log records, but for the DEBUG line that gives the fingerprint before a report (tests/test_serving.py)."""
+    return [
+        r
+        for r in caplog.records
+        if r.name == "vllm.patch_dsv4" and not r.getMessage().startswith("patch-dsv4: this vLLM serves ")
+    ]
 
 
 def test_an_applied_tree_is_silent(make_tree, cli, running, monkeypatch, caplog):
