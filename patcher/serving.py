@@ -177,6 +177,8 @@ class Fingerprint:
         if len(there.patches) > len(here.patches):
             found.append(f"{len(there.patches) - len(here.patches)} patch(es) there that this patch-dsv4 does not know")
         differing = [rel for rel, sha in self.files.items() if _token("file", rel, sha or "") not in there.files]
+        if differing and there.build != here.build:  # another release or build: its files differ
+            return [*found, f"{len(differing)} of the {len(self.files)} files judged from differ"]
         for rel in differing:
             sha = self.files[rel]
             found.append(f"{rel}: {'absent here' if sha is None else 'another sha256 there (or absent there)'}")

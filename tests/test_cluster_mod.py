@@ -44,9 +44,12 @@ def mod(tmp_path_factory) -> dict[str, str]:
     shutil.copytree(MOD, folder)
     wheels = folder / "wheels"
     wheels.mkdir()
+    source = base / "source"  # built from a copy: no build/ or egg-info left in the checkout
+    skipped = shutil.ignore_patterns(".venv", ".git", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache")
+    shutil.copytree(ROOT, source, ignore=skipped)
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "-w", str(wheels)]
-        + [str(ROOT)],
+        + [str(source)],
         check=True,
         capture_output=True,
     )

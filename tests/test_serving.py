@@ -115,6 +115,7 @@ def test_another_flashinfer_build_and_release_make_other_fingerprints(make_tree,
     release = make_tree("0.31.0")
     result = _expect(cli, release, fp)
     assert result.code == 1 and "vLLM 0.30.0 there, 0.31.0 here" in result.stderr
+    assert "files judged from differ" in result.stderr and "another sha256 there" not in result.stderr
     assert len({fp, _fingerprint(cli, flashinfer), _fingerprint(cli, build), _fingerprint(cli, release)}) == 4
 
 

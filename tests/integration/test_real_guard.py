@@ -252,7 +252,8 @@ def test_vllm_serve_stops_on_another_fingerprint_in_strict_mode_and_logs_its_own
             "VLLM_LOGGING_LEVEL": "DEBUG",
         },
     )
-    assert same.rc == 0, same.tail()
-    debug = [line for line in same.output.splitlines() if OURS in line and two_fingerprints["plain"] in line]
-    assert debug and all(line.startswith("DEBUG ") for line in debug), same.tail()
-    assert not [line for line in same.output.splitlines() if OURS in line and not line.startswith("DEBUG ")]
+    # the guard let it pass (without a GPU, `vllm serve --help` may still fail later: "Failed to infer device type")
+    assert "PatchesNotInPlace" not in same.output, same.tail()
+    ours = [line for line in same.output.splitlines() if f"{OURS}: " in line]  # not the venv's path
+    assert ours and all(line.startswith("DEBUG ") for line in ours), same.tail()
+    assert any(two_fingerprints["plain"] in line for line in ours), ours
