@@ -48,9 +48,12 @@ print(json.dumps({"import": t1 - t0, "check": t2 - t1}))
 """
 
 
+PYCACHE = tempfile.mkdtemp(prefix="bench-fingerprint-pyc-")  # bytecode cached, as an installed package has it
+
+
 def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PATCH_DSV4_")}
-    env.update(PATCH_DSV4_GUARD="strict", **extra)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PATCH_DSV4_") and k != "PYTHONDONTWRITEBYTECODE"}
+    env.update(PATCH_DSV4_GUARD="strict", PYTHONPYCACHEPREFIX=PYCACHE, **extra)
     return env
 
 
@@ -60,38 +63,40 @@ def _wall(command: list[str], env: dict[str, str]) -> float:
     return time.perf_counter() - started
 
 
-def _median(values: list[float]) -> float:
-    return statistics.median(values) * 1000
+def _guard(python: str, tree: Path, env: dict[str, str]) -> float:
+    out = subprocess.run([python, "-c", GUARD, str(tree)], capture_output=True, text=True, check=True, env=env)
+    timed = json.loads(out.stdout)
+    return timed["import"] + timed["check"]
 
 
-def measure(python: str, tree: Path, repeat: int, expect: str | None) -> dict[str, float]:
-    verify = [python, "-m", "patch_dsv4", "verify", "--site-packages", str(tree)]
-    runs: dict[str, list[float]] = {"verify": [], "guard": []}
-    if expect:
-        runs.update({"verify --expect": [], "guard + EXPECT": []})
+def measure(runs: dict[str, tuple], repeat: int) -> dict[str, float]:
+    """Each run ``name: (function, args)`` once per round, the rounds interleaved (the machine's load falls on all
+    alike); the first round warms the caches. Medians in ms."""
+    samples: dict[str, list[float]] = {name: [] for name in runs}
     for i in range(repeat + 1):
-        sample = {"verify": _wall(verify, _env())}
-        guard = json.loads(
-            subprocess.run(
-                [python, "-c", GUARD, str(tree)], capture_output=True, text=True, check=True, env=_env()
-            ).stdout
-        )
-        sample["guard"] = guard["import"] + guard["check"]
-        if expect:
-            sample["verify --expect"] = _wall([*verify, "--expect", expect], _env())
-            with_expect = subprocess.run(
-                [python, "-c", GUARD, str(tree)],
-                capture_output=True,
-                text=True,
-                check=True,
-                env=_env(PATCH_DSV4_EXPECT=expect),
-            )
-            guard = json.loads(with_expect.stdout)
-            sample["guard + EXPECT"] = guard["import"] + guard["check"]
-        if i:  # the first warms the page cache
-            for key, value in sample.items():
-                runs[key].append(value)
-    return {key: _median(values) for key, values in runs.items()}
+        for name, (function, args) in runs.items():
+            value = function(*args)
+            if i:
+                samples[name].append(value)
+    return {name: statistics.median(values) * 1000 for name, values in samples.items()}
+
+
+MICRO = r"""
+import sys, time
+from patch_dsv4 import quick, serving
+site = quick.locate([sys.argv[1]])
+known = quick.known_judgement(site)
+n = 300
+t0 = time.perf_counter()
+for _ in range(n):
+    text = serving.of_recorded(site, known).text
+t1 = time.perf_counter()
+other = text.replace(text.split(":")[2], "a" * 12)
+for _ in range(n):
+    serving.of_recorded(site, known).differences(other)
+t2 = time.perf_counter()
+print((t1 - t0) / n * 1e6, (t2 - t1) / n * 1e6)
+"""
 
 
 def prepared(python: str, source: Path, where: Path) -> Path:
@@ -121,18 +126,35 @@ def main() -> None:
             check=True,
             env=_env(),
         ).stdout.strip()
-        # interleaved, so that the machine's load falls on both alike
-        base = measure(args.baseline_python, base_tree, args.repeat, None)
-        here = measure(sys.executable, here_tree, args.repeat, fp)
-        shutil.rmtree(tmp, ignore_errors=True)
-    print(f"vLLM {args.version}, applied tree; {args.repeat} fresh processes each (after one warm-up), medians")
+        base_python = args.baseline_python
+        verify = ["-m", "patch_dsv4", "verify", "--site-packages"]
+        medians = measure(
+            {
+                "verify (baseline)": (_wall, ([base_python, *verify, str(base_tree)], _env())),
+                "verify": (_wall, ([sys.executable, *verify, str(here_tree)], _env())),
+                "verify --expect FP": (_wall, ([sys.executable, *verify, str(here_tree), "--expect", fp], _env())),
+                "guard (baseline)": (_guard, (base_python, base_tree, _env())),
+                "guard": (_guard, (sys.executable, here_tree, _env())),
+                "guard, EXPECT=FP": (_guard, (sys.executable, here_tree, _env(PATCH_DSV4_EXPECT=fp))),
+            },
+            args.repeat,
+        )
+        micro = subprocess.run(
+            [sys.executable, "-c", MICRO, str(here_tree)], capture_output=True, text=True, check=True, env=_env()
+        ).stdout.split()
+    shutil.rmtree(PYCACHE, ignore_errors=True)
+    print(f"vLLM {args.version}, applied tree; {args.repeat} rounds of fresh processes (after one warm-up), medians;")
+    print(f"baseline: {args.baseline_python}; load average now {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     print(f"  fingerprint: {fp}")
-    print(f"{'':24} {'baseline':>10} {'this':>10}")
-    for key in ("verify", "verify --expect", "guard", "guard + EXPECT"):
-        b = f"{base[key]:8.1f} ms" if key in base else f"{'-':>10}"
-        print(f"  {key:22} {b} {here[key]:7.1f} ms")
-    guard = here["guard + EXPECT"]
-    print(f"guard (import + check, with PATCH_DSV4_EXPECT) <= 10 ms: {'met' if guard <= 10 else 'NOT met'}")
+    for name, value in medians.items():
+        what = "wall time of the process" if name.startswith("verify") else "import patch_dsv4.guard + check()"
+        print(f"  {name:22} {value:7.1f} ms  ({what})")
+    print(
+        f"  in process: the fingerprint of a vouched judgement {float(micro[0]):.0f} us; "
+        f"naming what differs from another {float(micro[1]):.0f} us"
+    )
+    guard = medians["guard, EXPECT=FP"]
+    print(f"guard (import + check, PATCH_DSV4_EXPECT set) <= 10 ms: {'met' if guard <= 10 else 'NOT met'}")
 
 
 if __name__ == "__main__":

@@ -238,3 +238,14 @@ def test_the_guard_says_patch_dsv4_expect_is_no_fingerprint(make_tree, cli, runn
     monkeypatch.setenv(guard.ENV, "strict")
     with pytest.raises(guard.PatchesNotInPlace, match="PATCH_DSV4_EXPECT cannot be compared"):
         guard.check()
+
+
+def test_verbose_text_shows_the_fingerprint_whole_on_a_line_of_its_own(make_tree, cli):
+    tree = make_tree("0.30.0")
+    fp = _fingerprint(cli, tree)
+    applied = cli("apply", "--site-packages", tree, "-v")
+    after = _fingerprint(cli, tree)
+    for result, expected in ((cli("status", "--site-packages", tree, "-v"), after), (applied, after)):
+        assert f"        {expected}" in result.stdout.splitlines(), result.stdout
+    assert f"        {after}" in cli("verify", "--site-packages", tree, "-v").stdout.splitlines()
+    assert fp not in cli("status", "--site-packages", tree).stdout  # only with -v
