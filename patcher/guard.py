@@ -53,7 +53,10 @@ def check() -> None:
         mode = "warn"
     try:
         writer = _writer()
-        problems, served = ([], None) if writer else _judge()
+        problems, fingerprint_of = ([], None) if writer else _judge()
+        # the fingerprint only where it is compared or logged: nothing more to pay otherwise
+        wanted = os.environ.get(EXPECT, "").strip() or _logger.isEnabledFor(logging.DEBUG)
+        served = fingerprint_of() if wanted and fingerprint_of is not None else None
         differs = _differences(served)
     except Exception as exc:  # a bug or a broken environment: never a reason to stop vLLM in warn mode
         if mode == "strict":
@@ -133,7 +136,8 @@ def _differences(served) -> list[str]:
 
 
 def _judge():
-    """:func:`judge_this_vllm`, and the fingerprint of what this vLLM serves (patch_dsv4.serving)."""
+    """:func:`judge_this_vllm`, and a function that gives the fingerprint of what this vLLM serves
+    (patch_dsv4.serving)."""
     from patch_dsv4 import quick
 
     site_dir = _vllm_site()
@@ -142,9 +146,13 @@ def _judge():
     if site is not None and (site_dir is None or os.path.realpath(site.site_packages) == os.path.realpath(site_dir)):
         known = quick.known_judgement(site)
         if known is not None:
-            from patch_dsv4.serving import of_recorded
 
-            return _failing(known.verdicts.items()), of_recorded(site, known)
+            def served():
+                from patch_dsv4.serving import of_recorded
+
+                return of_recorded(site, known)
+
+            return _failing(known.verdicts.items()), served
     return _full_judgement(site_dir)
 
 
@@ -162,4 +170,4 @@ def _full_judgement(site_dir: str | None):
     env = locate_vllm(site_packages=Path(site_dir)) if site_dir else locate_vllm()
     report = commands.status(env, lock_timeout=0)  # never wait: a write that starts now is reported
     problems = [(p.id, p.shown_verdict, list(p.files)) for p in report.patches if p.verdict.needs_action]
-    return problems, report.fingerprint
+    return problems, lambda: report.fingerprint

@@ -29,7 +29,6 @@ dataclasses or typing, nothing heavy.
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import itertools
 import json
@@ -49,12 +48,19 @@ class BadFingerprint(ValueError):
     """Text that is not a fingerprint this patch-dsv4 can read."""
 
 
-def _b32(data: bytes) -> str:
-    return base64.b32encode(data).decode().rstrip("=").lower()
+_BASE32 = "abcdefghijklmnopqrstuvwxyz234567"
+
+
+def _b32(digest: bytes, length: int) -> str:
+    """The first ``length`` characters of ``digest`` in lowercase base32 (RFC 4648), without importing base64
+    (about 1 ms in every vLLM process)."""
+    bits = len(digest) * 8
+    number = int.from_bytes(digest, "big")
+    return "".join(_BASE32[(number >> (bits - 5 * (i + 1))) & 31] for i in range(length))
 
 
 def _token(*parts: str) -> str:
-    return _b32(hashlib.sha256("\0".join(parts).encode()).digest()[:5])[:_TOKEN]
+    return _b32(hashlib.sha256("\0".join(parts).encode()).digest()[:5], _TOKEN)
 
 
 def _shown_version(version: str | None) -> str:
@@ -127,7 +133,7 @@ class Fingerprint:
 
     @property
     def text(self) -> str:
-        head = _b32(hashlib.sha256(self.canonical().encode()).digest())[:_HEAD]
+        head = _b32(hashlib.sha256(self.canonical().encode()).digest(), _HEAD)
         return ":".join(
             (
                 PREFIX,
