@@ -14,7 +14,7 @@ rank without an opt-in, or on another vLLM build, deadlocks or answers wrongly
 
 and of nothing that depends on where or when the tree was installed. The text:
 
-    dsv4:1:HEAD:vllm-VERSION:fi-VERSION[-pinned]:BUILDOPTS:PATCHES:FILES
+    dsv4:1:HEAD:vllm-VERSION:fi-VERSION[-pinned]:BUILD+OPTINS:PATCHES:FILES
 
 ``1`` is the format; HEAD (12 base32 characters) is the hash of all of it:
 equal heads, equal trees. The rest is there to say what differs: the versions
