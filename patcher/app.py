@@ -46,7 +46,10 @@ JsonFlag = typer.Option(False, "--json", help="Short for --format json: one JSON
 Verbose = typer.Option(False, "-v", "--verbose", help="Show the evidence of every verdict.")
 Quiet = typer.Option(False, "-q", "--quiet", help="Print only the closing line (and errors).")
 WithOptIn = typer.Option(
-    None, "--with", metavar="ID", help="Also apply this opt-in patch, and keep it from now on (repeatable)."
+    None,
+    "--with",
+    metavar="ID",
+    help="Also apply this opt-in patch, and keep it from now on (repeatable; adds to $PATCH_DSV4_WITH).",
 )
 LockTimeout = typer.Option(
     300.0, "--lock-timeout", metavar="SECONDS", help="Seconds to wait for the environment's lock."
@@ -73,6 +76,24 @@ def _say(message: str) -> None:
     sys.stderr.flush()
 
 
+def _opt_ins(with_: list[str] | None) -> list[str]:
+    """The opt-ins asked for: $PATCH_DSV4_WITH (comma-separated ids, checked), then ``--with``."""
+    from patch_dsv4 import serving
+    from patch_dsv4.registry import discover_patches
+
+    asked = serving.opt_ins_from_env()
+    if asked:
+        known = sorted(p.id for p in discover_patches() if p.opt_in)
+        unknown = serving.unknown_opt_ins(asked, known)
+        if unknown:
+            raise PatcherError(
+                f"{serving.ENV_WITH} names {', '.join(unknown)}, which is no opt-in patch",
+                f"the opt-ins are {', '.join(known)}",
+                f"set {serving.ENV_WITH} to some of them, comma-separated (patch-dsv4 list says what each does)",
+            )
+    return list(dict.fromkeys([*asked, *(with_ or [])]))
+
+
 def _lock_wait(holder: str) -> None:
     _say(f"waiting for the environment's lock, held by {holder}")
 
@@ -82,10 +103,11 @@ def _finish(document, fmt: str, verbosity: int = 0) -> None:
     from patch_dsv4.render import render, write_failure
 
     report = getattr(document, "report", document)
+    code = report["exit_code"] if isinstance(report, dict) else report.exit_code
     render(document, fmt, verbosity)
-    if report.exit_code:  # stderr, so also beside --json
+    if code:  # stderr, so also beside --json
         write_failure(report)
-    raise typer.Exit(report.exit_code)
+    raise typer.Exit(code)
 
 
 @app.command("list")
@@ -124,6 +146,11 @@ def status(
     verbose: bool = Verbose,
     quiet: bool = Quiet,
     lock_timeout: float = LockTimeout,
+    fingerprint: bool = typer.Option(
+        False,
+        "--fingerprint",
+        help="Print only the fingerprint of what this tree serves (for PATCH_DSV4_EXPECT and verify --expect).",
+    ),
 ) -> None:
     """A verdict per patch for this environment; writes nothing.
 
@@ -131,7 +158,13 @@ def status(
     """
     from patch_dsv4 import commands
 
-    report = commands.status(_environment(site_packages, python), lock_timeout=lock_timeout, on_wait=_lock_wait)
+    env = _environment(site_packages, python)
+    if fingerprint:
+        from patch_dsv4 import serving
+
+        sys.stdout.write(f"{serving.tree_fingerprint(env, lock_timeout, _lock_wait)}\n")
+        return
+    report = commands.status(env, lock_timeout=lock_timeout, on_wait=_lock_wait)
     _finish(report, _format(fmt, as_json), _verbosity(verbose, quiet))
 
 
@@ -159,8 +192,9 @@ def apply(
     from patch_dsv4 import commands
 
     env = _environment(site_packages, python)
+    asked = _opt_ins(with_)
     report = commands.apply(
-        env, only=only, with_=with_, force=force, dry_run=dry_run, lock_timeout=lock_timeout, on_wait=_lock_wait
+        env, only=only, with_=asked, force=force, dry_run=dry_run, lock_timeout=lock_timeout, on_wait=_lock_wait
     )
     _finish(report, _format(fmt, as_json), _verbosity(verbose, quiet))
 
@@ -189,7 +223,7 @@ def takeover(
 
     env = _environment(site_packages, python)
     report = commands.apply(
-        env, with_=with_, dry_run=dry_run, lock_timeout=lock_timeout, on_wait=_lock_wait, takeover=True
+        env, with_=_opt_ins(with_), dry_run=dry_run, lock_timeout=lock_timeout, on_wait=_lock_wait, takeover=True
     )
     _finish(report, _format(fmt, as_json), _verbosity(verbose, quiet))
 
@@ -203,6 +237,15 @@ def verify(
     verbose: bool = Verbose,
     quiet: bool = Quiet,
     lock_timeout: float = LockTimeout,
+    with_: list[str] | None = typer.Option(
+        None, "--with", metavar="ID", help="This opt-in must be applied too (repeatable; adds to PATCH_DSV4_WITH)."
+    ),
+    expect: str | None = typer.Option(
+        None,
+        "--expect",
+        metavar="FP",
+        help="Also exit 1 unless this tree's fingerprint is FP (another node's `status --fingerprint`).",
+    ),
 ) -> None:
     """CI gate: exit 0 only if every needed patch is applied, intact.
 
@@ -210,7 +253,22 @@ def verify(
     """
     from patch_dsv4 import commands
 
-    report = commands.verify(_environment(site_packages, python), lock_timeout=lock_timeout, on_wait=_lock_wait)
+    env = _environment(site_packages, python)
+    report = commands.verify(env, lock_timeout=lock_timeout, on_wait=_lock_wait, with_=_opt_ins(with_))
+    if expect is not None:
+        from patch_dsv4 import serving
+
+        document = report.to_json()
+        try:
+            found = serving.expect(document, report.fingerprint, expect)
+        except serving.BadFingerprint as exc:
+            raise PatcherError(
+                f"--expect {expect[:40]!r} is no fingerprint",
+                str(exc),
+                "copy it whole from `patch-dsv4 status --fingerprint`",
+            ) from None
+        serving.write_differences(found)
+        _finish(document, _format(fmt, as_json), _verbosity(verbose, quiet))
     _finish(report, _format(fmt, as_json), _verbosity(verbose, quiet))
 
 

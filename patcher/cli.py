@@ -78,7 +78,7 @@ def _fail(command: str | None, what: str, why: str, next_step: str, code: int, a
 # Typer builds a pydantic adapter per option (a third of a second to import); the two commands
 # that run on every container start answer without it when their command line is this plain.
 _VALUES = {
-    "verify": ("--site-packages", "--format"),
+    "verify": ("--site-packages", "--format", "--expect"),
     "doctor": ("--site-packages", "--python", "--pack", "--serve-args", "--format"),
 }
 _FLAGS = {
@@ -125,10 +125,20 @@ def _fast_verify(args: list[str]) -> int | None:
     recorded = quick.recorded_verdicts(located)
     if recorded is None:
         return None
+    from patch_dsv4 import serving
+
+    if not set(serving.opt_ins_from_env()) <= set(recorded.opt_in):
+        return None  # an opt-in asked for that the state does not keep (or no opt-in): judged in full
     from patch_dsv4.render import render, write_failure
 
     target_args = "" if site is None else f" --site-packages {quick.quote(site)}"
-    document = quick.recorded_document(located, recorded, target_args)  # a document: no typed report to import
+    served = serving.of_recorded(located, recorded)
+    document = quick.recorded_document(located, recorded, target_args, served)  # a document: no typed report
+    if "expect" in options:
+        try:
+            serving.write_differences(serving.expect(document, served, options["expect"]))
+        except serving.BadFingerprint:
+            return None  # the full path says it properly
     render(document, options["format"], options["verbosity"])
     if document["exit_code"]:  # stderr, so also beside --json
         write_failure(document)

@@ -14,45 +14,56 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from patch_dsv4 import quick
+from patch_dsv4 import quick, serving
 from patch_dsv4.environment import Environment
 from patch_dsv4.errors import EXIT_NEEDS_ACTION, EXIT_OK
 from patch_dsv4.fs import checkpoint
-from patch_dsv4.judge import judge_state
+from patch_dsv4.judge import as_opt_in, judge_state
 from patch_dsv4.planning import judge_reverted, options, plan_apply, plan_revert
 from patch_dsv4.reading import read_state, read_view, state_store
 from patch_dsv4.registry import discover_patches
-from patch_dsv4.reporting import committed_report, dry_run_report, refused_report, status_report
+from patch_dsv4.reporting import (
+    committed_report,
+    dry_run_report,
+    judged_fingerprint,
+    refused_report,
+    status_report,
+)
 from patch_dsv4.transaction import commit, recover
 from patch_dsv4.verdicts import Report, next_step
 
 
-def status(env: Environment, command: str = "status", lock_timeout: float = 300.0, on_wait=None) -> Report:
+def status(env: Environment, command: str = "status", lock_timeout: float = 300.0, on_wait=None, with_=None) -> Report:
     """A verdict per patch for this environment, decided by reading its code; writes nothing.
 
     A write under way (another process holds the lock) is waited for, up to ``lock_timeout``: a tree half
-    written is never judged.
+    written is never judged. ``with_``: opt-ins asked for besides those the state keeps (verify's).
     """
     patches = discover_patches()
+    asked = options(patches, with_=with_).with_
     store = state_store(env, patches)
     with store.wait_unlocked(lock_timeout, on_wait):
         state = read_state(env, store, patches)
-        return status_report(state, judge_state(state), command)
+        return status_report(state, judge_state(state), command, asked)
 
 
-def verify(env: Environment, lock_timeout: float = 300.0, on_wait=None) -> Report:
+def verify(env: Environment, lock_timeout: float = 300.0, on_wait=None, with_=None) -> Report:
     """The CI gate: exit 1 when a patch this environment needs is pending, drifted or modified.
 
-    The verdicts recorded at the last write are reported when the hashes vouch
-    for them (:mod:`patch_dsv4.quick`); anything else is judged in full.
+    ``with_`` names opt-ins this environment needs besides those its state keeps. The verdicts recorded at the
+    last write are reported when the hashes vouch for them (:mod:`patch_dsv4.quick`) and they were asked for
+    every opt-in in ``with_``; anything else is judged in full.
     """
-    view = read_view(env, state_store(env, discover_patches()))
+    patches = discover_patches()
+    asked = options(patches, with_=with_).with_
+    view = read_view(env, state_store(env, patches))
     if view.kind == "current" and not view.modified:
         site = quick.site_of(env)
         recorded = quick.recorded_verdicts(site)
-        if recorded is not None:
-            return quick.recorded_report(site, recorded, env.target.args())
-    report = status(env, command="verify", lock_timeout=lock_timeout, on_wait=on_wait)
+        if recorded is not None and asked <= set(recorded.opt_in):
+            report = quick.recorded_report(site, recorded, env.target.args())
+            return replace(report, fingerprint=serving.of_recorded(site, recorded))
+    report = status(env, command="verify", lock_timeout=lock_timeout, on_wait=on_wait, with_=with_)
     bad = [r for r in report.patches if r.verdict.needs_action]
     return replace(
         report,
@@ -94,7 +105,12 @@ def apply(
             raise plan.refusal
         if dry_run:
             return dry_run_report(plan)
-        return committed_report(plan, commit(plan))
+        report = committed_report(plan, commit(plan))
+        if report.fingerprint is None:  # nothing recorded: the tree is as judged
+            kept = state.opt_in_kept
+            served = judged_fingerprint(state, judged, as_opt_in(judged.reports, patches, kept), kept)
+            report = replace(report, fingerprint=served)
+        return report
 
 
 def revert(env: Environment, lock_timeout: float = 300.0, discard_local_edits: bool = False, on_wait=None) -> Report:

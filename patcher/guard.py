@@ -12,6 +12,12 @@ ours (entry point ``patch_dsv4``). It judges the vLLM it runs in:
   ``warn`` (the default) logs that at ERROR once per process and lets vLLM start;
   ``strict`` raises, so that vLLM does not start; ``off`` does nothing.
 
+With ``PATCH_DSV4_EXPECT`` set to a fingerprint (``patch-dsv4 status
+--fingerprint`` of the image every node runs), it also compares what this
+vLLM serves with it (:mod:`patch_dsv4.serving`): a difference is reported the
+same way, naming what differs, so that no rank of a cluster serves other code
+than the others. The fingerprint is logged at DEBUG in every process.
+
 It is cheap (a few ms on an applied tree: it hashes the files the state names,
 or, with no state on a known build, the files anchors/ recorded) and imports
 nothing heavy at module level, because an import error in a plugin is only
@@ -25,6 +31,7 @@ import os
 import sys
 
 ENV = "PATCH_DSV4_GUARD"
+EXPECT = "PATCH_DSV4_EXPECT"  # patch_dsv4.serving.ENV_EXPECT (not imported here: the guard's imports are few)
 MODES = ("warn", "strict", "off")
 LOGGER = "vllm.patch_dsv4"  # under vLLM's logger: its handler and format
 _reported = False
@@ -35,6 +42,11 @@ def _logger():
     import logging
 
     return logging.getLogger(LOGGER)
+
+
+def _debugging() -> bool:
+    """Whether the guard's logger shows DEBUG lines; False where logging is not imported (no handler to show them)."""
+    return "logging" in sys.modules and _logger().isEnabledFor(10)  # logging.DEBUG
 
 
 class PatchesNotInPlace(RuntimeError):
@@ -52,7 +64,11 @@ def check() -> None:
         mode = "warn"
     try:
         writer = _writer()
-        problems = [] if writer else judge_this_vllm()
+        problems, fingerprint_of = ([], None) if writer else _judge()
+        # the fingerprint only where it is compared or logged: nothing more to pay otherwise
+        wanted = os.environ.get(EXPECT, "").strip() or _debugging()
+        served = fingerprint_of() if wanted and fingerprint_of is not None else None
+        differs = _differences(served)
     except Exception as exc:  # a bug or a broken environment: never a reason to stop vLLM in warn mode
         if mode == "strict":
             raise PatchesNotInPlace(f"patch-dsv4 could not check this vLLM ({type(exc).__name__}: {exc})") from exc
@@ -65,14 +81,21 @@ def check() -> None:
             f"patch-dsv4: an apply or revert is writing this vLLM's files now ({writer}): its patches cannot be "
             f"checked until it ends; start vLLM after it (or set {ENV}=off)"
         )
-    elif not problems:
+    elif not problems and not differs:
         # Said only where logging is in use (in vLLM it always is): elsewhere no handler would show a debug line,
         # and importing logging for it would double the cost of the guard's first call in a bare interpreter.
-        if "logging" in sys.modules:
-            _logger().debug("patch-dsv4: every patch this vLLM needs is in place")
+        if _debugging():
+            _logger().debug("patch-dsv4: every patch this vLLM needs is in place; it serves %s", served)
         return
     else:
-        message = describe(problems)
+        if _debugging():
+            _logger().debug("patch-dsv4: this vLLM serves %s", served)
+        message = "; ".join(
+            ([describe(problems)] if problems else [])
+            + ([f"patch-dsv4: this vLLM is not the tree {EXPECT} names: {'; '.join(differs)}"] if differs else [])
+        )
+        if differs:
+            message += f" (it serves {served}; every node must run one image: see README, Clusters)"
     if mode == "strict":
         raise PatchesNotInPlace(message)
     if not _reported:
@@ -111,15 +134,40 @@ NEEDS_ACTION = ("pending", "drifted", "modified", "foreign")
 
 def judge_this_vllm() -> list[tuple[str, str, list[str]]]:
     """(patch id, verdict, files) for every patch that is not in place; empty when all are."""
+    return _judge()[0]
+
+
+def _differences(served) -> list[str]:
+    """What differs between the tree this vLLM serves and the one PATCH_DSV4_EXPECT names ([]: unset, or equal)."""
+    expected = os.environ.get(EXPECT, "").strip()
+    if not expected or served is None:
+        return []
+    from patch_dsv4.serving import BadFingerprint
+
+    try:
+        return served.differences(expected)
+    except BadFingerprint as exc:
+        return [f"{EXPECT} cannot be compared: {exc}"]
+
+
+def _judge():
+    """:func:`judge_this_vllm`, and a function that gives the fingerprint of what this vLLM serves
+    (patch_dsv4.serving)."""
     from patch_dsv4 import quick
 
     site_dir = _vllm_site()
     search = [site_dir] if site_dir else [p for p in sys.path if p]
     site = quick.locate([*search, *(p for p in sys.path if p and p != site_dir)])
     if site is not None and (site_dir is None or os.path.realpath(site.site_packages) == os.path.realpath(site_dir)):
-        verdicts = quick.known_verdicts(site)
-        if verdicts is not None:
-            return _failing(verdicts.items())
+        known = quick.known_judgement(site)
+        if known is not None:
+
+            def served():
+                from patch_dsv4.serving import of_recorded
+
+                return of_recorded(site, known)
+
+            return _failing(known.verdicts.items()), served
     return _full_judgement(site_dir)
 
 
@@ -127,7 +175,7 @@ def _failing(items) -> list[tuple[str, str, list[str]]]:
     return [(pid, v["verdict"], list(v["files"])) for pid, v in sorted(items) if v["verdict"] in NEEDS_ACTION]
 
 
-def _full_judgement(site_dir: str | None) -> list[tuple[str, str, list[str]]]:
+def _full_judgement(site_dir: str | None):
     """An unknown build, or a state the hashes do not vouch for: judge the tree as status does."""
     from pathlib import Path
 
@@ -136,4 +184,5 @@ def _full_judgement(site_dir: str | None) -> list[tuple[str, str, list[str]]]:
 
     env = locate_vllm(site_packages=Path(site_dir)) if site_dir else locate_vllm()
     report = commands.status(env, lock_timeout=0)  # never wait: a write that starts now is reported
-    return [(p.id, p.shown_verdict, list(p.files)) for p in report.patches if p.verdict.needs_action]
+    problems = [(p.id, p.shown_verdict, list(p.files)) for p in report.patches if p.verdict.needs_action]
+    return problems, lambda: report.fingerprint

@@ -46,11 +46,12 @@ def canonical(name: str) -> str:
 class DistInfo:
     """A distribution found on the search path (a plain class: the guard builds no dataclass at import)."""
 
-    __slots__ = ("name", "version", "root", "metadata")
+    __slots__ = ("name", "version", "root", "metadata", "path")
 
-    def __init__(self, name: str, version: str, root: str, metadata: str) -> None:
+    def __init__(self, name: str, version: str, root: str, metadata: str, path: str | None = None) -> None:
         self.name, self.version, self.metadata = name, version, metadata
         self.root = root  # the directory holding the dist-info (and the package)
+        self.path = path  # the dist-info directory
 
 
 def _metadata_headers(text: str) -> dict[str, list[str]]:
@@ -99,7 +100,8 @@ def find_dist(name: str, search_path: list[str]) -> DistInfo | None | bool:
                     return False
                 headers = _metadata_headers(text)
                 if canonical((headers.get("name") or [""])[0]) == wanted and headers.get("version"):
-                    found.append(DistInfo(wanted, headers["version"][0], entry, text))
+                    path = os.path.join(entry, dist_info)
+                    found.append(DistInfo(wanted, headers["version"][0], entry, text, path))
         if len(found) == 1:
             return found[0]
         if found:
@@ -131,18 +133,28 @@ def pinned_flashinfer(metadata: str) -> str | None | bool:
 class Site:
     """The installed vLLM (and FlashInfer) as the fast path sees it."""
 
-    __slots__ = ("site_packages", "vllm_version", "flashinfer_version", "flashinfer_source")
+    __slots__ = ("site_packages", "vllm_version", "flashinfer_version", "flashinfer_source", "dist_info")
 
     def __init__(
-        self, site_packages: str, vllm_version: str, flashinfer_version: str | None, flashinfer_source: str | None
+        self,
+        site_packages: str,
+        vllm_version: str,
+        flashinfer_version: str | None,
+        flashinfer_source: str | None,
+        dist_info: str | None = None,
     ) -> None:
         self.site_packages, self.vllm_version = site_packages, vllm_version
         self.flashinfer_version, self.flashinfer_source = flashinfer_version, flashinfer_source
+        self.dist_info = dist_info  # vLLM's dist-info directory (its build: patch_dsv4.serving.build_identity)
 
 
 def site_of(env) -> Site:
     """The Site of a located environment (any object with the Environment's four attributes)."""
-    return Site(str(env.site_packages), env.vllm_version, env.flashinfer_version, env.flashinfer_source)
+    from patch_dsv4.serving import dist_info_of
+
+    return Site(
+        str(env.site_packages), env.vllm_version, env.flashinfer_version, env.flashinfer_source, dist_info_of(env)
+    )
 
 
 def locate(search_path: list[str]) -> Site | None:
@@ -154,11 +166,11 @@ def locate(search_path: list[str]) -> Site | None:
     if flashinfer is False:
         return None
     if flashinfer is not None:
-        return Site(vllm.root, vllm.version, flashinfer.version, "installed")
+        return Site(vllm.root, vllm.version, flashinfer.version, "installed", vllm.path)
     pin = pinned_flashinfer(vllm.metadata)
     if pin is False:
         return None
-    return Site(vllm.root, vllm.version, pin, "pinned" if pin else None)
+    return Site(vllm.root, vllm.version, pin, "pinned" if pin else None, vllm.path)
 
 
 # -- reading without following links where the state is concerned ------------------------
@@ -345,11 +357,12 @@ def _well_formed(manifest: dict, record: dict) -> bool:
 class Recorded:
     """The verdicts a state recorded, vouched for by the hashes: what verify reports and the guard checks."""
 
-    __slots__ = ("verdicts", "build_detail", "opt_in")
+    __slots__ = ("verdicts", "build_detail", "opt_in", "files")
 
-    def __init__(self, verdicts: dict, build_detail: str, opt_in: tuple[str, ...]) -> None:
+    def __init__(self, verdicts: dict, build_detail: str, opt_in: tuple[str, ...], files: dict | None = None) -> None:
         self.verdicts = verdicts  # patch id -> {"title", "verdict", "files", "detail", "edits"}
         self.build_detail, self.opt_in = build_detail, opt_in
+        self.files = files or {}  # every file the judgement read -> its sha256 (as the hashes found it)
 
 
 def same_flashinfer(record: dict, version: str | None) -> bool:
@@ -416,7 +429,7 @@ def recorded_verdicts(site: Site, manifest: dict | None = None, hasher: Hasher |
         return None
     record_name = f"anchors/vllm-{site.vllm_version}.json"
     detail = f"known build: vLLM {site.vllm_version} matches {record_name} ({len(record['files'])} files)"
-    return Recorded(verdicts, detail, opt_in)
+    return Recorded(verdicts, detail, opt_in, dict(inputs))
 
 
 def _file_set_changed(site: Site, record: dict) -> bool:
@@ -430,9 +443,9 @@ def _anchored_files(anchors: list) -> list[str]:
     return here or sorted({a["file"] for a in anchors})
 
 
-def anchored_verdicts(site: Site, hasher: Hasher) -> dict | None:
+def anchored_verdicts(site: Site, hasher: Hasher, record: dict | None = None) -> dict | None:
     """A pristine known build (no state): the verdicts anchors/ recorded for it, if its files hash as recorded."""
-    record = anchors_record(site.vllm_version)
+    record = anchors_record(site.vllm_version) if record is None else record
     if record is None or not same_flashinfer(record, site.flashinfer_version):
         return None
     try:
@@ -452,16 +465,27 @@ def anchored_verdicts(site: Site, hasher: Hasher) -> dict | None:
 def known_verdicts(site: Site) -> dict | None:
     """Each patch's {"verdict", "files", ...} decided from hashes alone: the state's recorded judgement when
     there is a state, the anchors' record on a pristine known build; None when the hashes cannot vouch."""
+    known = known_judgement(site)
+    return known.verdicts if known is not None else None
+
+
+def known_judgement(site: Site) -> Recorded | None:
+    """:func:`known_verdicts` with the files they were judged from and the opt-ins asked for (what the
+    fingerprint of :mod:`patch_dsv4.serving` is made of); None when the hashes cannot vouch."""
     hasher = Hasher(site.site_packages)
     manifest = read_manifest(site.site_packages)
     if manifest is None:
-        return anchored_verdicts(site, hasher)
-    recorded = recorded_verdicts(site, manifest, hasher)
-    return recorded.verdicts if recorded is not None else None
+        record = anchors_record(site.vllm_version)
+        verdicts = anchored_verdicts(site, hasher, record) if record is not None else None
+        return None if verdicts is None else Recorded(verdicts, "", (), dict(record["files"]))
+    return recorded_verdicts(site, manifest, hasher)
 
 
-def recorded_document(site: Site, recorded: Recorded, target_args: str = "") -> dict:
-    """The verify document of recorded verdicts (the document the full judgement gives), without the typed model."""
+def recorded_document(site: Site, recorded: Recorded, target_args: str = "", served=None) -> dict:
+    """The verify document of recorded verdicts (the document the full judgement gives), without the typed model.
+
+    ``served``: their fingerprint (patch_dsv4.serving.of_recorded), when the caller has it already.
+    """
     from patch_dsv4.errors import EXIT_NEEDS_ACTION
     from patch_dsv4.render import (
         NEEDS_ACTION,
@@ -471,6 +495,7 @@ def recorded_document(site: Site, recorded: Recorded, target_args: str = "") -> 
         report_document,
         summary_text,
     )
+    from patch_dsv4.serving import of_recorded
 
     patches = [
         patch_document(
@@ -509,6 +534,7 @@ def recorded_document(site: Site, recorded: Recorded, target_args: str = "") -> 
         summary=summary_text("verify", (p["verdict"] for p in patches), "hashes match the recorded state"),
         backups=os.path.join(site.site_packages, STATE_DIR, "backups"),
         next_step=next_command(target_args, bad),
+        fingerprint=(served or of_recorded(site, recorded)).text,
     )
 
 

@@ -111,6 +111,7 @@ def report_document(
     diff: str | None = None,
     notes: Iterable[str] = (),
     next_step: str | None = None,
+    fingerprint: str | None = None,
 ) -> dict:
     """The document of status, verify, apply and revert (``patches``: patch documents): the same keys on every path."""
     return {
@@ -131,6 +132,7 @@ def report_document(
         "diff": diff,
         "notes": list(notes),
         "next": next_step,
+        "fingerprint": fingerprint,
         "summary": summary,
     }
 
@@ -310,6 +312,9 @@ def text_lines(doc: dict, style: Style, per_patch: Callable[[str], list[str]] | 
                     lines.extend("        " + line for line in found.splitlines()[:12])
     if build is not None and (style.verbosity > 0 or not build["known"]):
         lines.extend(_wrap(build["detail"], style.width, ""))
+    if style.verbosity > 0 and doc.get("fingerprint"):
+        # on a line of its own, never folded (people copy it whole), indented as the code shown above
+        lines += ["fingerprint of what this tree serves:", f"        {doc['fingerprint']}"]
     if doc["changed_files"]:
         lines.append(f"{'restored' if doc['command'] == 'revert' else 'wrote'} {len(doc['changed_files'])} file(s):")
         lines.extend(f"  {relpath}" for relpath in doc["changed_files"])

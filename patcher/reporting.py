@@ -6,6 +6,7 @@ from __future__ import annotations
 import difflib
 from dataclasses import replace
 
+from patch_dsv4 import serving
 from patch_dsv4.errors import EXIT_OK
 from patch_dsv4.judge import Judged, as_opt_in
 from patch_dsv4.planning import Plan, state_notes, unrecorded_notes
@@ -45,16 +46,26 @@ def report(
     )
 
 
-def status_report(state: State, judged: Judged, command: str = "status") -> Report:
-    """The verdicts of the state as judged; the way out named where another tool's edit stands."""
-    reports = as_opt_in(judged.reports, state.patches, state.opt_in_kept)
+def status_report(state: State, judged: Judged, command: str = "status", asked=frozenset()) -> Report:
+    """The verdicts of the state as judged; the way out named where another tool's edit stands.
+
+    ``asked``: opt-ins asked for besides those the state keeps (verify --with, PATCH_DSV4_WITH).
+    """
+    opt_in = state.opt_in_kept | set(asked)
+    reports = as_opt_in(judged.reports, state.patches, opt_in)
     notes = [*state_notes(state.view), *unrecorded_notes(judged.now, state.view)]
     out = report(state, command, reports, state.kind, notes=notes)
     bad = [r for r in reports if r.verdict.needs_action]
     if any(r.verdict is Verdict.FOREIGN for r in bad):  # the way out is not apply: say which it is
         foreign_next = takeover_next(state.env, judged.now, state.pip_copy)
         out = replace(out, next_step=next_step(state.env.target.args(), bad, foreign_next))
-    return replace(out, build=state.build_identity())
+    return replace(out, build=state.build_identity(), fingerprint=judged_fingerprint(state, judged, reports, opt_in))
+
+
+def judged_fingerprint(state: State, judged: Judged, reports, opt_in) -> serving.Fingerprint:
+    """What the tree as judged serves: ``reports``' verdicts, and every file the judgement read as it is."""
+    files = {rel: state.sha256(rel) for rel in judged.ctx.files_read()}
+    return serving.of_judged(state.env, opt_in, reports, files)
 
 
 def dry_run_report(plan: Plan) -> Report:
@@ -88,11 +99,14 @@ def committed_report(plan: Plan, committed: Committed) -> Report:
         kind = state.kind if plan.previous is None else "none"
         out = report(state, "revert", plan.after, kind, plan.summary, sorted(plan.new), notes=notes, backups=False)
         return replace(out, saved_edits=committed.saved_edits, build=state.build_identity(plan.installed_after))
+    served = serving.of_manifest(state.env, plan.manifest) if plan.manifest is not None else None
     if not plan.writes:
         out = report(state, plan.command, plan.reports, state.kind, plan.summary, notes=notes)
-        return replace(out, build=state.build_identity())
+        return replace(out, build=state.build_identity(), fingerprint=served)
     out = report(state, plan.command, plan.after, "current", plan.summary, changed=plan.new, notes=notes)
-    return replace(out, build=state.build_identity(plan.installed_after), saved_edits=committed.saved_edits)
+    return replace(
+        out, build=state.build_identity(plan.installed_after), saved_edits=committed.saved_edits, fingerprint=served
+    )
 
 
 def unified_diff(relpath: str, old: bytes, new: bytes) -> bytes:

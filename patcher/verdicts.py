@@ -169,6 +169,8 @@ class Report:
     next_step: str | None = None  # the command that resolves what failed, with the same target
     backups: str | None = None  # the directory holding the backups, when there is a state
     saved_edits: tuple[str, ...] = ()  # where revert --discard-local-edits saved hand-edited files
+    # what the tree serves (patch_dsv4.serving.Fingerprint; its text in JSON); None where no tree is judged
+    fingerprint: object | None = field(default=None, compare=False)
 
     def to_json(self) -> dict:
         """The document of status, verify, apply and revert: the same keys on every path."""
@@ -189,6 +191,7 @@ class Report:
             diff=self.diff,
             notes=self.notes,
             next_step=self.next_step,
+            fingerprint=None if self.fingerprint is None else str(self.fingerprint),
         )
 
     @classmethod
@@ -211,6 +214,7 @@ class Report:
             next_step=data["next"],
             backups=data["backups"],
             saved_edits=tuple(data["saved_edits"]),
+            fingerprint=data.get("fingerprint"),
         )
 
 

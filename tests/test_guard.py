@@ -31,7 +31,12 @@ def running(monkeypatch):
 
 
 def _records(caplog):
-    return [r for r in caplog.records if r.name == "vllm.patch_dsv4"]
+    """Our log records, but for the DEBUG line that gives the fingerprint before a report (tests/test_serving.py)."""
+    return [
+        r
+        for r in caplog.records
+        if r.name == "vllm.patch_dsv4" and not r.getMessage().startswith("patch-dsv4: this vLLM serves ")
+    ]
 
 
 def test_an_applied_tree_is_silent(make_tree, cli, running, monkeypatch, caplog):
@@ -115,7 +120,7 @@ def test_an_unknown_build_is_judged_in_full(make_tree, running, monkeypatch):
 
 def test_a_bug_in_the_guard_never_stops_vllm_in_warn_mode(make_tree, running, monkeypatch, caplog):
     running(make_tree("0.30.0"))
-    monkeypatch.setattr(guard, "judge_this_vllm", lambda: 1 / 0)
+    monkeypatch.setattr(guard, "_judge", lambda: 1 / 0)
     monkeypatch.setenv(guard.ENV, "warn")
     with caplog.at_level(logging.DEBUG, logger="vllm.patch_dsv4"):
         guard.check()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 
 import pytest
 
@@ -188,3 +189,71 @@ def test_vllm_serve_help_refuses_a_pending_tree_in_strict_mode(venv):
     assert proc.rc != 0, proc.tail()
     assert "PatchesNotInPlace" in proc.output, proc.tail()
     assert_names(proc.output, venv, f"stream-load is pending ({VL_MODEL})", "wide-swa is pending")
+
+
+# -- PATCH_DSV4_EXPECT: every rank compares what it serves with the image's fingerprint ----------
+def _fingerprint(venv: RealVenv) -> str:
+    proc = subprocess.run(
+        [sys.executable, "-m", "patch_dsv4", "status", "--fingerprint", "--python", venv.python],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def two_fingerprints(venv) -> dict[str, str]:
+    """The venv's fingerprint applied with aux-streams, and applied without (the tree is left so)."""
+    venv.ensure_pristine()
+    assert venv.cli("apply", "--with", "aux-streams")["exit_code"] == 0
+    aux = _fingerprint(venv)
+    venv.ensure_pristine()
+    venv.ensure_applied()
+    return {"aux": aux, "plain": _fingerprint(venv)}
+
+
+def test_expect_of_an_equal_tree_starts_silently(venv, server, two_fingerprints):
+    venv.ensure_applied()
+    for mode in ("strict", "warn"):
+        r = server.call(PATCH_DSV4_GUARD=mode, PATCH_DSV4_EXPECT=two_fingerprints["plain"])
+        assert r["rc"] == 0 and r["guard_imported"], r["output"]
+        assert _our_lines(r["output"]) == [], r["output"]
+
+
+def test_expect_of_a_tree_with_another_opt_in_stops_strict_and_warns_otherwise(venv, server, two_fingerprints):
+    venv.ensure_applied()
+    expected = two_fingerprints["aux"]
+    strict = server.call(PATCH_DSV4_GUARD="strict", PATCH_DSV4_EXPECT=expected)
+    assert strict["rc"] == 1 and "PatchesNotInPlace" in strict["output"], strict["output"]
+    assert "aux-streams: applied there, opt-in here" in strict["output"]
+    for env in ({"PATCH_DSV4_GUARD": "warn"}, {"PATCH_DSV4_GUARD": None}):
+        r = server.call(PATCH_DSV4_EXPECT=expected, **env)
+        assert r["rc"] == 0 and "load_general_plugins() returned" in r["output"], r["output"]
+        (line,) = _our_lines(r["output"])
+        assert line.startswith("ERROR ") and "not the tree PATCH_DSV4_EXPECT names" in line, line
+        assert "opt-ins: aux-streams there, none here" in line and "aux-streams: applied there, opt-in here" in line
+
+
+def test_vllm_serve_stops_on_another_fingerprint_in_strict_mode_and_logs_its_own_at_debug(venv, two_fingerprints):
+    venv.ensure_applied()
+    other = venv.run(
+        [venv.bin("vllm"), "serve", "--help"],
+        env={"PATCH_DSV4_GUARD": "strict", "PATCH_DSV4_EXPECT": two_fingerprints["aux"]},
+    )
+    assert other.rc != 0 and "PatchesNotInPlace" in other.output, other.tail()
+    assert "aux-streams: applied there, opt-in here" in other.output
+    same = venv.run(
+        [venv.bin("vllm"), "serve", "--help"],
+        env={
+            "PATCH_DSV4_GUARD": "strict",
+            "PATCH_DSV4_EXPECT": two_fingerprints["plain"],
+            "VLLM_LOGGING_LEVEL": "DEBUG",
+        },
+    )
+    # the guard let it pass (without a GPU, `vllm serve --help` may still fail later: "Failed to infer device type")
+    assert "PatchesNotInPlace" not in same.output, same.tail()
+    ours = [line for line in same.output.splitlines() if f"{OURS}: " in line]  # not the venv's path
+    assert ours and all(line.startswith("DEBUG ") for line in ours), same.tail()
+    assert any(two_fingerprints["plain"] in line for line in ours), ours
