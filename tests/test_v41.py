@@ -78,3 +78,67 @@ def test_v41_lifecycle(version, layout, make_tree, cli):
     assert again.code == 0 and again.json()["changed_files"] == []
     assert cli("revert", "--site-packages", tree).code == 0
     assert {**content_snapshot(tree), **content_snapshot(tree, package)} == original
+
+
+V41_VL_MODEL = f"{RELEASE_PACKAGE}/nvidia/vl_model.py"
+
+
+def test_drift_reports_the_v41_anchors(tmp_path, cli):
+    """The recorded V4.1 fingerprints: a change around the anchor is new, a change of the anchor drifts."""
+    from tests.test_drift import _replace_once, mini_wheel
+
+    (tmp_path / "around").mkdir()
+    around = mini_wheel(
+        "0.30.0",
+        tmp_path / "around",
+        _replace_once(
+            V41_VL_MODEL, "loader = AutoWeightsLoader(self)", "loader = AutoWeightsLoader(self, skip_prefixes=[])"
+        ),
+    )
+    data = cli("drift", "--wheel", around, "--json").json()
+    (patch,) = [p for p in data["patches"] if p["id"] == "stream-load"]
+    assert patch["verdict"] == "pending"
+    (anchor,) = [a for a in patch["anchors"] if a["file"] == V41_VL_MODEL]
+    assert anchor["status"] == "new"
+    assert cli("drift", "--wheel", around, "--strict", "--json").code == 1
+
+    (tmp_path / "anchor").mkdir()
+    changed = mini_wheel("0.30.0", tmp_path / "anchor", _replace_once(V41_VL_MODEL, "key=lambda x: x[0]", "key=str"))
+    result = cli("drift", "--wheel", changed, "--json")
+    assert result.code == 1
+    (patch,) = [p for p in result.json()["patches"] if p["id"] == "stream-load"]
+    assert patch["verdict"] == "drifted"
+    (edit,) = [e for e in patch["edits"] if e["file"] == V41_VL_MODEL]
+    assert edit["verdict"] == "drifted" and "key=str" in edit["found"]
+    # V4's own edit keeps its verdict
+    assert {e["verdict"] for e in patch["edits"] if e["file"] == "vllm/models/deepseek_v4/common/vl_model.py"} == {
+        "pending"
+    }
+
+
+def test_the_guard_checks_the_v41_files(make_tree, cli, monkeypatch):
+    import sys
+    import types
+
+    from patch_dsv4 import guard
+    from tests.releases import hand_edit
+
+    def running(tree):
+        module = types.ModuleType("vllm")
+        module.__file__ = str(tree / "vllm" / "__init__.py")
+        monkeypatch.setitem(sys.modules, "vllm", module)
+        monkeypatch.setattr(guard, "_reported", False)
+
+    monkeypatch.setenv(guard.ENV, "strict")
+    tree = make_tree("0.30.0")
+    assert cli("apply", "--site-packages", tree).code == 0
+    running(tree)
+    guard.check()  # applied, V4.1 included: silent
+    hand_edit(tree / V41_VL_MODEL, (tree / V41_VL_MODEL).read_text() + "\n# a local edit\n")
+    with pytest.raises(guard.PatchesNotInPlace, match=r"stream-load is modified \([^)]*deepseek_v41/nvidia/vl_model"):
+        guard.check()
+
+    nightly = nightly_layout(make_tree("0.30.0"))  # not a recorded build: judged in full
+    running(nightly)
+    with pytest.raises(guard.PatchesNotInPlace, match=r"stream-load is pending \([^)]*deepseek_v4_1/nvidia/vl_model"):
+        guard.check()
