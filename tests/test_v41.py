@@ -18,6 +18,7 @@ EXPECTED = {
     ("wide-swa", "nvidia/flashinfer_sparse.py"): ("pending", "not-applicable", "not-applicable", "not-applicable"),
     ("dtype-policy", "nvidia/flashinfer_sparse.py"): ("upstream",) * 4,
     ("dtype-policy", "nvidia/flashmla.py"): ("upstream",) * 4,
+    ("loader-skips", "nvidia/model.py"): ("upstream",) * 4,
 }
 VERSIONS = ("0.30.0", "0.31.0", "0.32.0", "0.33.0")
 
