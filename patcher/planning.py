@@ -22,7 +22,7 @@ from patch_dsv4.quick import patch_digest
 from patch_dsv4.reading import NO_STATE, State, StateView
 from patch_dsv4.render import PACKAGE_PREFIX
 from patch_dsv4.state import FileEntry, Manifest
-from patch_dsv4.takeover import Restore, foreign_patches, takeover_next
+from patch_dsv4.takeover import Restore, foreign_patches, kept_edits, takeover_next
 from patch_dsv4.verdicts import PatchReport, Verdict
 
 
@@ -111,7 +111,8 @@ def plan_apply(state: State, judged: Judged, opts: Options, notes: list[str]) ->
                 notes,
                 refusal=Refused(
                     f"cannot take over {missing.relpath} from {', '.join(missing.scripts)}",
-                    "no backup beside it holds what pip installed (its sha256 in RECORD)",
+                    "no backup beside it holds what pip installed (its sha256 in RECORD)"
+                    + (f", and the release wheel cannot serve: {state.wheel.problem}" if state.wheel else ""),
                     env.reinstall_then(),
                 ),
             )
@@ -119,6 +120,7 @@ def plan_apply(state: State, judged: Judged, opts: Options, notes: list[str]) ->
             notes.append(f"{r.relpath}: restores pip's bytes from {r.backup} (edited by {', '.join(r.scripts)})")
         if not judged.restores:
             notes.append("no other tool's edit was found: nothing to take over")
+        notes += [f"{who}: left in place, patch-dsv4 has no equivalent of it" for who in kept_edits(judged.found)]
         taken = foreign_patches(judged.found) & {p.id for p in patches if p.opt_in}
         if taken - with_ids - state.opt_in_kept:
             notes.append(f"takes over the opt-in {', '.join(sorted(taken))} too, as the other tool's edit was in use")
