@@ -27,6 +27,7 @@ import ast
 from patch_dsv4.edits import ForeignEdit, ReplaceStatements, Variant, mentions_injected
 from patch_dsv4.fingerprint import find_scope
 from patch_dsv4.patch import Context, Example, Patch, Scope
+from patch_dsv4.patches import miaai_kit
 from patch_dsv4.verdicts import Outcome, Verdict
 
 MODEL = "vllm/models/deepseek_v4/nvidia/model.py"
@@ -125,7 +126,7 @@ class AuxStreams(Patch):
             variants=(Variant(ANCHOR, REPLACEMENT, releases="0.28.0-0.33.0"),),
             helpers=(_patch_dsv4_aux_streams_off,),
             probe=_upstream_switch(cls),
-            foreign=(LNA_AUX_STREAMS,),
+            foreign=(LNA_AUX_STREAMS, miaai_kit.SERIAL_STREAMS_SWITCH),
         )
         for what, file, cls in (
             ("target model", MODEL, "DeepseekV4Model"),

@@ -26,6 +26,7 @@ import ast
 from patch_dsv4.edits import ForeignEdit, ReplaceStatements, Variant
 from patch_dsv4.fingerprint import find_scope
 from patch_dsv4.patch import INJECTED_PREFIX, Context, Example, Patch, Scope
+from patch_dsv4.patches import miaai_kit
 from patch_dsv4.verdicts import Outcome, Verdict
 
 FLASHINFER = "vllm/models/deepseek_v4/nvidia/flashinfer_sparse.py"
@@ -89,11 +90,18 @@ def _patch_dsv4_bf16_o_proj(layer, o, positions):
 
 
 def _compares_wo_a_dtype_with_fp8(node: ast.AST) -> bool:
-    """Whether ``node`` holds a comparison of some ``wo_a``'s weight dtype with FP8."""
+    """Whether ``node`` holds a comparison of some ``wo_a``'s weight dtype with FP8: ``wo_a.weight.dtype``, or
+    the dtype of a name bound to ``wo_a.weight`` or ``getattr(wo_a, "weight", ...)`` (MiaAI's kit reads it so)."""
+    weights = {"wo_a.weight"}
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Assign) and len(sub.targets) == 1 and isinstance(sub.targets[0], ast.Name):
+            value = ast.unparse(sub.value)
+            if value.endswith("wo_a.weight") or (value.startswith("getattr(") and "wo_a, 'weight'" in value):
+                weights.add(sub.targets[0].id)
     for sub in ast.walk(node):
         if isinstance(sub, ast.Compare):
             sides = [ast.unparse(side) for side in (sub.left, *sub.comparators)]
-            if any(s.endswith("wo_a.weight.dtype") for s in sides) and "torch.float8_e4m3fn" in sides:
+            if any(s.endswith(f"{w}.dtype") for s in sides for w in weights) and "torch.float8_e4m3fn" in sides:
                 return True
     return False
 
@@ -187,6 +195,7 @@ class DtypePolicy(Patch):
             helpers=(_patch_dsv4_bf16_o_proj,),
             probe=_upstream_checks_dtype(cls),
             foreign=(LNA_DENSE_EXL3, RECIPE_STOCK028),
+            kept=(miaai_kit.EXL3_O_PROJ,),
         )
         for what, file, cls in ATTENTION_CLASSES
     )

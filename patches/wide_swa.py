@@ -34,6 +34,7 @@ from packaging.version import InvalidVersion, Version
 from patch_dsv4.edits import ForeignEdit, ReplaceStatements, Variant, helper_source, indent, mentions_injected
 from patch_dsv4.fingerprint import find_scope
 from patch_dsv4.patch import Context, Example, Patch, Scope
+from patch_dsv4.patches import miaai_kit
 from patch_dsv4.verdicts import Outcome, Verdict
 
 FLASHINFER_SPARSE = "vllm/models/deepseek_v4/nvidia/flashinfer_sparse.py"
@@ -375,6 +376,7 @@ class WideSwa(Patch):
             helpers=HELPERS,
             probe=_upstream_or_narrow,
             foreign=(RECIPE_WIDE_SWA,),
+            kept=(miaai_kit.TEXT_ONLY_WINDOW,),
         ),
     )
 
