@@ -124,7 +124,7 @@ def known_release(
         )
     change = file_set_change(record, files)
     if change is not None:
-        return BuildMatch(False, vllm_version, f"unknown build of vLLM {vllm_version}: {change} in {PACKAGE_DIR}")
+        return BuildMatch(False, vllm_version, f"unknown build of vLLM {vllm_version}: {change} in the model packages")
     lookup = file_hashes if callable(file_hashes) else file_hashes.get
     mismatched = tuple(rel for rel, sha in sorted(record["files"].items()) if lookup(rel) != sha)
     if mismatched:

@@ -201,24 +201,31 @@ def read_manifest(site_packages: str) -> dict | None:
 
 #: The package whose file set a record lists: a file added or removed there makes another build.
 PACKAGE_DIR = "vllm/models/deepseek_v4"
+#: The model packages whose file sets a record lists: DeepSeek-V4, and V4.1 in its release and nightly layouts.
+PACKAGE_DIRS = (PACKAGE_DIR, "vllm/models/deepseek_v41", "vllm/models/deepseek_v4_1")
 
 
 def package_files(names) -> list[str]:
-    """The Python files of the DeepSeek-V4 package among ``names`` (relative paths), sorted."""
-    prefix = PACKAGE_DIR + "/"
-    return sorted(
-        n for n in names if n.startswith(prefix) and n.endswith(".py") and "/__pycache__/" not in n[len(prefix) - 1 :]
-    )
+    """The Python files of the DeepSeek-V4 and V4.1 packages among ``names`` (relative paths), sorted."""
+    found = []
+    for package in PACKAGE_DIRS:
+        prefix = package + "/"
+        found += [
+            n
+            for n in names
+            if n.startswith(prefix) and n.endswith(".py") and "/__pycache__/" not in n[len(prefix) - 1 :]
+        ]
+    return sorted(found)
 
 
 def listed_package_files(site) -> list[str]:
-    """The Python files of the DeepSeek-V4 package under ``site`` as they are on disk (links not followed)."""
-    root = os.path.join(str(site), PACKAGE_DIR)
+    """The Python files of the DeepSeek-V4 and V4.1 packages under ``site`` as they are on disk (links not followed)."""
     found = []
-    for current, dirs, files in os.walk(root):
-        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
-        rel = os.path.relpath(current, str(site)).replace(os.sep, "/")
-        found.extend(f"{rel}/{name}" for name in files if name.endswith(".py"))
+    for package in PACKAGE_DIRS:
+        for current, dirs, files in os.walk(os.path.join(str(site), package)):
+            dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+            rel = os.path.relpath(current, str(site)).replace(os.sep, "/")
+            found.extend(f"{rel}/{name}" for name in files if name.endswith(".py"))
     return package_files(found)
 
 

@@ -11,10 +11,15 @@ two streams in those kernels at once deadlock decode with the GPU at 100 %. No
 vLLM setting turns the streams off (`VLLM_MULTI_STREAM_GEMM_TOKEN_THRESHOLD=0`
 leaves the forward fan-out and the indexer on them).
 
+DeepSeek-V4.1's `DeepseekV4Model.__init__` (`deepseek_v41/nvidia/model.py`,
+`deepseek_v4_1/` in the nightlies) makes the same three streams on vLLM
+0.30.0-0.33.0, and V4.1 EXL3 packs hit the same deadlock: the patch switches it
+too, with the same switch.
+
 With this patch, `aux_stream_list` is None (the path vLLM takes on ROCm, which
-every release's attention code handles) when `PATCH_DSV4_AUX_STREAMS=0` or, for
-lna-lab's serve script, `LNA_DSV4_AUX_STREAMS=0` is set when the model is
-built; otherwise the streams are created as before. Applied only when asked for
+every release's attention code handles) when `PATCH_DSV4_AUX_STREAMS=0`, lna-lab's
+`LNA_DSV4_AUX_STREAMS=0` or MiaAI-Lab's V4.1 kit's `DSV41_EXL3_SERIAL_STREAMS=1`
+is set when the model is built; otherwise the streams are created as before. Applied only when asked for
 (`patch-dsv4 apply --with aux-streams`), then kept by later applies.
 
 Not fixed upstream in vLLM 0.28.0-0.33.0 nor in exllamav3 1.4.0-1.6.5.
@@ -28,11 +33,13 @@ from patch_dsv4.edits import ForeignEdit, ReplaceStatements, Variant, mentions_i
 from patch_dsv4.fingerprint import find_scope
 from patch_dsv4.patch import Context, Example, Patch, Scope
 from patch_dsv4.patches import miaai_kit
+from patch_dsv4.patches._v41 import in_layouts
 from patch_dsv4.verdicts import Outcome, Verdict
 
 MODEL = "vllm/models/deepseek_v4/nvidia/model.py"
 MTP = "vllm/models/deepseek_v4/nvidia/mtp.py"
-SWITCHES = ("PATCH_DSV4_AUX_STREAMS", "LNA_DSV4_AUX_STREAMS")
+#: Each switch and the value that turns the streams off.
+SWITCHES = (("PATCH_DSV4_AUX_STREAMS", "0"), ("LNA_DSV4_AUX_STREAMS", "0"), ("DSV41_EXL3_SERIAL_STREAMS", "1"))
 
 ANCHOR = "aux_stream_list = [torch.cuda.Stream() for _ in range(3)]"
 REPLACEMENT = """
@@ -48,13 +55,15 @@ aux_stream_list = (
 def _patch_dsv4_aux_streams_off():
     """Whether this process builds DeepSeek-V4 without vLLM's auxiliary CUDA streams.
 
-    Written by patch-dsv4 (aux-streams). True when PATCH_DSV4_AUX_STREAMS=0 or
-    LNA_DSV4_AUX_STREAMS=0: exllamav3 kernels (EXL3 attention linears) keep one
-    lock buffer per device, and two streams in them at once deadlock decode.
+    Written by patch-dsv4 (aux-streams). True when PATCH_DSV4_AUX_STREAMS=0,
+    LNA_DSV4_AUX_STREAMS=0 or DSV41_EXL3_SERIAL_STREAMS=1: exllamav3 kernels
+    (EXL3 attention linears) keep one lock buffer per device, and two streams
+    in them at once deadlock decode.
     """
     import os
 
-    return any(os.environ.get(name, "").strip() == "0" for name in ("PATCH_DSV4_AUX_STREAMS", "LNA_DSV4_AUX_STREAMS"))
+    switches = (("PATCH_DSV4_AUX_STREAMS", "0"), ("LNA_DSV4_AUX_STREAMS", "0"), ("DSV41_EXL3_SERIAL_STREAMS", "1"))
+    return any(os.environ.get(name, "").strip() == off for name, off in switches)
 # fmt: on
 
 
@@ -131,6 +140,7 @@ class AuxStreams(Patch):
         for what, file, cls in (
             ("target model", MODEL, "DeepseekV4Model"),
             ("MTP draft", MTP, "DeepSeekV4MultiTokenPredictor"),
+            *((f"target model ({tag})", file, "DeepseekV4Model") for file, tag in in_layouts("nvidia/model.py")),
         )
     )
 
@@ -156,13 +166,15 @@ import torch
 def _patch_dsv4_aux_streams_off():
     """Whether this process builds DeepSeek-V4 without vLLM's auxiliary CUDA streams.
 
-    Written by patch-dsv4 (aux-streams). True when PATCH_DSV4_AUX_STREAMS=0 or
-    LNA_DSV4_AUX_STREAMS=0: exllamav3 kernels (EXL3 attention linears) keep one
-    lock buffer per device, and two streams in them at once deadlock decode.
+    Written by patch-dsv4 (aux-streams). True when PATCH_DSV4_AUX_STREAMS=0,
+    LNA_DSV4_AUX_STREAMS=0 or DSV41_EXL3_SERIAL_STREAMS=1: exllamav3 kernels
+    (EXL3 attention linears) keep one lock buffer per device, and two streams
+    in them at once deadlock decode.
     """
     import os
 
-    return any(os.environ.get(name, "").strip() == "0" for name in ("PATCH_DSV4_AUX_STREAMS", "LNA_DSV4_AUX_STREAMS"))
+    switches = (("PATCH_DSV4_AUX_STREAMS", "0"), ("LNA_DSV4_AUX_STREAMS", "0"), ("DSV41_EXL3_SERIAL_STREAMS", "1"))
+    return any(os.environ.get(name, "").strip() == off for name, off in switches)
 
 
 class DeepSeekV4MultiTokenPredictor(nn.Module):

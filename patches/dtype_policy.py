@@ -13,6 +13,12 @@ the ROCm class does. FP8 `wo_a` keeps the original call. Each class is edited in
 its own `_o_proj`, so a class that stops routing through the shared op is
 reported as drifted instead of silently left on the FP8-only path.
 
+DeepSeek-V4.1 (`deepseek_v41/`, `deepseek_v4_1/` in the nightlies; vLLM 0.30.0
+on) has the same three NVIDIA classes; their `_o_proj` calls V4's shared
+`deep_gemm_fp8_o_proj` (0.30.0-0.32.0), or V4.1's `dsv41_o_proj`
+(`nvidia/ops/o_proj.py`, 0.33.0), which calls it: the patch judges each of them
+by that op, as it judges V4's.
+
 Fixed upstream in vLLM 0.30.0: `deep_gemm_fp8_o_proj` checks
 `wo_a.weight.dtype == torch.float8_e4m3fn` and takes a BF16 `torch.bmm` path
 otherwise (same math; 0.30's `fused_inv_rope_fp8_quant(quantize=False)` does not
@@ -27,6 +33,7 @@ from patch_dsv4.edits import ForeignEdit, ReplaceStatements, Variant
 from patch_dsv4.fingerprint import find_scope
 from patch_dsv4.patch import INJECTED_PREFIX, Context, Example, Patch, Scope
 from patch_dsv4.patches import miaai_kit
+from patch_dsv4.patches._v41 import in_layouts
 from patch_dsv4.verdicts import Outcome, Verdict
 
 FLASHINFER = "vllm/models/deepseek_v4/nvidia/flashinfer_sparse.py"
@@ -39,6 +46,16 @@ ATTENTION_CLASSES = (
     ("SM100 FlashInfer", FLASHINFER, "DeepseekV4FlashInferMLAAttention"),
     ("SM120 FlashInfer", FLASHINFER, "DeepseekV4FlashInferSM120Attention"),
     ("FlashMLA", FLASHMLA, "DeepseekV4FlashMLAAttention"),
+)
+#: DeepSeek-V4.1's: the same classes, in its own package (both layouts).
+V41_ATTENTION_CLASSES = tuple(
+    (f"{what} ({tag})", file, cls)
+    for what, relpath, cls in (
+        ("SM100 FlashInfer", "nvidia/flashinfer_sparse.py", "DeepseekV4FlashInferMLAAttention"),
+        ("SM120 FlashInfer", "nvidia/flashinfer_sparse.py", "DeepseekV4FlashInferSM120Attention"),
+        ("FlashMLA", "nvidia/flashmla.py", "DeepseekV4FlashMLAAttention"),
+    )
+    for file, tag in in_layouts(relpath)
 )
 
 ANCHOR = """
@@ -116,19 +133,50 @@ def _calls(node: ast.AST, name: str) -> bool:
     )
 
 
-def _upstream_checks_dtype(cls: str):
+def _imported_from(tree: ast.Module, file: str, name: str) -> str | None:
+    """The vLLM file ``name`` is imported from at module level of ``file`` (None: not imported from vLLM)."""
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and any(a.name == name and a.asname is None for a in node.names):
+            package = file.split("/")[: -node.level] if node.level else []
+            module = "/".join([*package, *(node.module or "").split(".")]).strip("/")
+            if module.split("/")[0] == "vllm":
+                return module + ".py"
+    return None
+
+
+def _upstream_checks_dtype(cls: str, file: str | None = None):
+    """Upstream where the class checks wo_a's dtype, or calls the shared op that does. With ``file`` (V4.1), a
+    call of a vLLM function imported into the file that calls the shared op counts as a call of it."""
+
     def probe(ctx: Context, tree: ast.Module | None) -> Outcome | None:
         method = find_scope(tree, cls, "_o_proj") if tree is not None else None
         if method is None:
             return None
         if _compares_wo_a_dtype_with_fp8(method) and not _names_injected(method):
             return Outcome.upstream(f"{cls}._o_proj checks wo_a.weight.dtype against torch.float8_e4m3fn itself")
+        via = ""
         if not _calls(method, SHARED_OP):
-            return None
+            called = [
+                sub.func.id for sub in ast.walk(method) if isinstance(sub, ast.Call) and isinstance(sub.func, ast.Name)
+            ]
+            wrappers = [
+                (name, source)
+                for name in called
+                if file is not None and (source := _imported_from(tree, file, name)) is not None
+            ]
+            found = [
+                (n, src) for n, src in wrappers if (f := ctx.scope(src, None, n)) is not None and _calls(f, SHARED_OP)
+            ]
+            if not found:
+                return None
+            via = f" (through {found[0][0]} of {found[0][1]})"
         op = ctx.scope(O_PROJ, None, SHARED_OP)
         if op is not None and _compares_wo_a_dtype_with_fp8(op):
             return Outcome.upstream(
-                f"{O_PROJ}: {SHARED_OP}, which the attention classes call, takes a BF16 path "
+                f"{O_PROJ}: {SHARED_OP}, which {cls}._o_proj calls{via}, takes a BF16 path "
+                "when wo_a.weight.dtype is not torch.float8_e4m3fn"
+                if file is not None
+                else f"{O_PROJ}: {SHARED_OP}, which the attention classes call, takes a BF16 path "
                 "when wo_a.weight.dtype is not torch.float8_e4m3fn"
             )
         return None
@@ -193,11 +241,12 @@ class DtypePolicy(Patch):
             scope=Scope(cls, "_o_proj"),
             variants=(Variant(ANCHOR, REPLACEMENT, releases="0.28.0, 0.29.0"),),
             helpers=(_patch_dsv4_bf16_o_proj,),
-            probe=_upstream_checks_dtype(cls),
+            probe=_upstream_checks_dtype(cls, file if v41 else None),
             foreign=(LNA_DENSE_EXL3, RECIPE_STOCK028),
             kept=(miaai_kit.EXL3_O_PROJ,),
         )
-        for what, file, cls in ATTENTION_CLASSES
+        for v41, classes in ((False, ATTENTION_CLASSES), (True, V41_ATTENTION_CLASSES))
+        for what, file, cls in classes
     )
 
 

@@ -13,6 +13,13 @@ Fixed upstream in vLLM 0.33.0 (`stream_language_model_first` in the same file).
 No vision class in the releases before 0.30.0; nightlies between 0.29.0 and
 0.30.0 define it in `nvidia/vl_model.py` (from 0.30.0 a re-export shim), with
 the same sort: the patch streams it wherever the package defines the class.
+
+DeepSeek-V4.1's vision class, `DeepseekV41ForCausalLM.load_weights`
+(`deepseek_v41/nvidia/vl_model.py` and its `amd/` copy; `deepseek_v4_1/` in the
+nightlies), sorts the mapper's whole output the same way on vLLM 0.30.0-0.32.0
+(a 196 GiB pack for V4.1-Flash): the same helper streams it. vLLM 0.33.0 streams
+it with V4's `stream_language_model_first`, imported from
+`deepseek_v4/common/vl_model.py`.
 """
 
 from __future__ import annotations
@@ -22,12 +29,14 @@ import ast
 from patch_dsv4.edits import ForeignEdit, ReplaceStatements, Variant
 from patch_dsv4.fingerprint import find_scope
 from patch_dsv4.patch import Context, Example, Patch, Scope
+from patch_dsv4.patches._v41 import in_layouts
 from patch_dsv4.verdicts import Outcome, Verdict
 
 VL_MODEL = "vllm/models/deepseek_v4/common/vl_model.py"
 #: Where nightlies between 0.29.0 and 0.30.0 define the vision class (0.30.0 on: a re-export shim).
 NIGHTLY_VL_MODEL = "vllm/models/deepseek_v4/nvidia/vl_model.py"
 VISION_CLASS = "DeepseekV4ForConditionalGeneration"
+V41_VISION_CLASS = "DeepseekV41ForCausalLM"
 UPSTREAM_HELPER = "stream_language_model_first"
 
 
@@ -62,19 +71,38 @@ def _patch_dsv4_stream_language_model_first(weights):
 # fmt: on
 
 
-def _upstream_streams(file: str):
+def _helper_source_file(tree: ast.Module, file: str) -> str | None:
+    """Where the file takes the upstream helper from: itself, or the vLLM module it imports it from (None: neither)."""
+    if any(isinstance(n, ast.FunctionDef) and n.name == UPSTREAM_HELPER for n in tree.body):
+        return file
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and any(a.name == UPSTREAM_HELPER and a.asname is None for a in node.names):
+            package = file.split("/")[: -node.level] if node.level else []
+            module = "/".join([*package, *(node.module or "").split(".")]).strip("/")
+            if module.split("/")[0] == "vllm":
+                return module + ".py"
+    return None
+
+
+def _upstream_streams(file: str, cls: str = VISION_CLASS):
     def probe(ctx: Context, tree: ast.Module | None) -> Outcome | None:
         if tree is None:
             return Outcome.not_applicable(f"no vision class in this release ({file} is absent)")
-        if find_scope(tree, VISION_CLASS, None) is None:
-            return Outcome.not_applicable(f"{file} defines no {VISION_CLASS}")
-        method = find_scope(tree, VISION_CLASS, "load_weights")
+        if find_scope(tree, cls, None) is None:
+            return Outcome.not_applicable(f"{file} defines no {cls}")
+        method = find_scope(tree, cls, "load_weights")
         if method is None:
             return None
         calls = {n.func.id for n in ast.walk(method) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
-        top = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
-        if UPSTREAM_HELPER in calls and UPSTREAM_HELPER in top and "sorted" not in calls:
-            return Outcome.upstream(f"{file}: {VISION_CLASS}.load_weights streams with upstream's {UPSTREAM_HELPER}()")
+        if UPSTREAM_HELPER not in calls or "sorted" in calls:
+            return None
+        source = _helper_source_file(tree, file)
+        if source == file:
+            return Outcome.upstream(f"{file}: {cls}.load_weights streams with upstream's {UPSTREAM_HELPER}()")
+        if source is not None and ctx.scope(source, None, UPSTREAM_HELPER) is not None:
+            return Outcome.upstream(
+                f"{file}: {cls}.load_weights streams with upstream's {UPSTREAM_HELPER}(), imported from {source}"
+            )
         return None
 
     return probe
@@ -115,6 +143,10 @@ SORTED_MAPPER = Variant(
     ),
     releases="0.28.1rc nightlies (vision class in nvidia/vl_model.py)",
 )
+#: V4.1's vision class sorts the mapper's output in one statement too.
+V41_SORTED_MAPPER = Variant(
+    anchor=SORTED_MAPPER.anchor, replacement=SORTED_MAPPER.replacement, releases="V4.1: 0.30.0-0.32.0"
+)
 
 
 class StreamLoad(Patch):
@@ -124,15 +156,25 @@ class StreamLoad(Patch):
         ReplaceStatements(
             label=label,
             file=file,
-            scope=Scope(VISION_CLASS, "load_weights"),
+            scope=Scope(cls, "load_weights"),
             variants=variants,
             helpers=(_patch_dsv4_stream_language_model_first,),
-            probe=_upstream_streams(file),
+            probe=_upstream_streams(file, cls),
             foreign=(RECIPE_STREAM_LOAD,),
         )
-        for label, file, variants in (
-            ("stream language-model tensors", VL_MODEL, (SORTED_MAPPED,)),
-            ("stream language-model tensors (nightly layout)", NIGHTLY_VL_MODEL, (SORTED_MAPPED, SORTED_MAPPER)),
+        for label, file, cls, variants in (
+            ("stream language-model tensors", VL_MODEL, VISION_CLASS, (SORTED_MAPPED,)),
+            (
+                "stream language-model tensors (nightly layout)",
+                NIGHTLY_VL_MODEL,
+                VISION_CLASS,
+                (SORTED_MAPPED, SORTED_MAPPER),
+            ),
+            *(
+                (f"stream language-model tensors ({tag}, {vendor})", file, V41_VISION_CLASS, (V41_SORTED_MAPPER,))
+                for vendor in ("nvidia", "amd")
+                for file, tag in in_layouts(f"{vendor}/vl_model.py")
+            ),
         )
     )
 

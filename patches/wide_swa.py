@@ -22,6 +22,20 @@ run time, so upgrading FlashInfer after patching takes the kernel's own path.
 Fixed upstream in FlashInfer 0.7.0 (dual-cache prefill takes any row width
 with topk % 64 == 0), pinned by vLLM 0.31.0 and later.
 No wide rows before vLLM 0.30.0.
+
+DeepSeek-V4.1 on vLLM 0.30.0: the same builder widens V4.1's rows to
+128 + 1024 = 1152 (its config sets `vision_n_layers`), and V4.1's own
+`DeepseekV4FlashInferSM120Attention._forward_prefill`
+(`deepseek_v41/nvidia/flashinfer_sparse.py`; `deepseek_v4_1/` in the nightlies)
+makes the same call. At 1152 FlashInfer 0.6.x has a kernel on no path: not the
+dual-cache prefill (128 only), not the single-cache prefill of SWA-only layers
+(`compress_ratio` 0: 128, 192, 256, 512, 1024, 2048), not the decode kernels
+that serve calls of 64 tokens or fewer (`_DECODE_DSV4_DISPATCH`: 128 to 1024).
+So V4.1's edit slices every call with rows wider than 128, with or without a
+compressed segment, whatever its token count. From vLLM 0.31.0 the builder
+widens rows only for V4's config (`mm_prefix_clamp_sliding_window`, which only
+V4's config sets; 0.33.0: `isinstance(hf_config, DeepseekV4Config)`): V4.1's
+rows stay 128 wide there, and the edit is not applicable.
 """
 
 from __future__ import annotations
@@ -35,11 +49,13 @@ from patch_dsv4.edits import ForeignEdit, ReplaceStatements, Variant, helper_sou
 from patch_dsv4.fingerprint import find_scope
 from patch_dsv4.patch import Context, Example, Patch, Scope
 from patch_dsv4.patches import miaai_kit
+from patch_dsv4.patches._v41 import V41_CONFIG, in_layouts
 from patch_dsv4.verdicts import Outcome, Verdict
 
 FLASHINFER_SPARSE = "vllm/models/deepseek_v4/nvidia/flashinfer_sparse.py"
 SPARSE_SWA = "vllm/v1/attention/backends/mla/sparse_swa.py"
 SM120_CLASS = "DeepseekV4FlashInferSM120Attention"
+SWA_BUILDER = "DeepseekSparseSWAMetadataBuilder"
 
 #: The first FlashInfer release whose SM120 dual-cache prefill takes wide rows.
 FIXED_IN_FLASHINFER = Version("0.7.0")
@@ -72,6 +88,26 @@ if _patch_dsv4_wide_swa_takes_sliced_path(
     q_chunk, swa_indices_chunk, extra_sparse_indices_chunk
 ):
     _patch_dsv4_wide_swa_sliced_prefill(
+        query=q_chunk,
+        swa_kv_cache=swa_kv_paged,
+        workspace_buffer=self._get_workspace(q.device),
+        sparse_indices=swa_indices_chunk,
+        compressed_kv_cache=extra_kv_paged,
+        out=output[query_start:query_end],
+        bmm1_scale=self.scale,
+        sinks=self.attn_sink,
+        swa_topk_lens=swa_lens_chunk,
+        extra_sparse_indices=extra_sparse_indices_chunk,
+        extra_sparse_topk_lens=extra_sparse_lengths_chunk,
+    )
+else:
+""" + indent(ANCHOR, 4)
+
+
+V41_REPLACEMENT = """
+# patch-dsv4 (wide-swa): FlashInfer 0.6.x SM120 kernels take 128-wide rows, not V4.1's.
+if _patch_dsv4_wide_swa_v41_takes_sliced_path(swa_indices_chunk):
+    _patch_dsv4_wide_swa_v41_sliced_prefill(
         query=q_chunk,
         swa_kv_cache=swa_kv_paged,
         workspace_buffer=self._get_workspace(q.device),
@@ -251,6 +287,111 @@ def _patch_dsv4_wide_swa_sliced_prefill(
         out4[start:stop, 0].copy_(out_acc)
         merged_lse[start:stop] = lse_acc
     return merged_lse
+
+
+def _patch_dsv4_wide_swa_v41_takes_sliced_path(sparse_indices):
+    """Whether this DeepSeek-V4.1 SM120 prefill call needs 128-wide slices.
+
+    Written by patch-dsv4 (wide-swa). True for window rows wider than 128 where
+    the installed FlashInfer is older than 0.7.0: at V4.1's width (1152) no
+    FlashInfer 0.6.x kernel takes them, with or without a compressed segment,
+    for any number of tokens. Checked at run time, so upgrading FlashInfer
+    after patching takes the kernel's own path.
+    """
+    if sparse_indices.shape[-1] <= 128:
+        return False
+    import re
+
+    import flashinfer
+
+    found = re.match(r"(\d+)\.(\d+)", str(getattr(flashinfer, "__version__", "")))
+    return found is not None and (int(found[1]), int(found[2])) < (0, 7)
+
+
+def _patch_dsv4_wide_swa_v41_sliced_prefill(
+    *,
+    query,
+    swa_kv_cache,
+    workspace_buffer,
+    sparse_indices,
+    compressed_kv_cache,
+    out,
+    bmm1_scale,
+    sinks,
+    swa_topk_lens,
+    extra_sparse_indices,
+    extra_sparse_topk_lens,
+):
+    """SM120 prefill with window rows wider than 128, as 128-wide slices (DeepSeek-V4.1).
+
+    Written by patch-dsv4 (wide-swa). Slice s takes window columns
+    [128 s, 128 s + 128), each slice contiguous, with lengths
+    clamp(len - 128 s, 0, 128); slice 0 alone carries the compressed segment
+    (when the layer has one: SWA-only layers have none) and the sink, so each
+    is counted once. The partial results are merged by their base-2 LSE, in
+    float32, 2048 tokens at a time to bound the extra memory. Writes ``out``
+    and returns the merged LSE, [tokens, heads].
+    """
+    import torch
+
+    run, segment = _patch_dsv4_wide_swa_flashinfer_api()
+    num_tokens = query.shape[0]
+    indices = sparse_indices.reshape(num_tokens, -1)
+    num_slices = (indices.shape[-1] + 127) // 128
+    if indices.shape[-1] % 128:
+        indices = torch.nn.functional.pad(
+            indices, (0, num_slices * 128 - indices.shape[-1]), value=-1
+        )
+    extra_indices = (
+        None
+        if extra_sparse_indices is None
+        else extra_sparse_indices.reshape(num_tokens, -1)
+    )
+    query4 = query if query.dim() == 4 else query.unsqueeze(1)
+    out4 = out if out.dim() == 4 else out.unsqueeze(1)
+    merged_lse = torch.empty(
+        (num_tokens, query4.shape[-2]), dtype=torch.float32, device=query.device
+    )
+    for start in range(0, num_tokens, 2048):
+        stop = min(start + 2048, num_tokens)
+        part_out = torch.empty_like(out4[start:stop])
+        part_lse = torch.empty_like(merged_lse[start:stop])
+        out_acc = lse_acc = None
+        for s in range(num_slices):
+            segments = [
+                segment(
+                    indices=indices[start:stop, 128 * s : 128 * (s + 1)].contiguous(),
+                    lengths=(swa_topk_lens[start:stop] - 128 * s).clamp(0, 128),
+                )
+            ]
+            if s == 0 and extra_indices is not None:
+                segments.append(
+                    segment(
+                        indices=extra_indices[start:stop],
+                        lengths=extra_sparse_topk_lens[start:stop],
+                        kv_cache=compressed_kv_cache,
+                    )
+                )
+            run(
+                query=query4[start:stop],
+                kv_cache=swa_kv_cache,
+                workspace_buffer=workspace_buffer,
+                sparse_mla_segments=segments,
+                out=part_out,
+                sm_scale=float(bmm1_scale),
+                sinks=sinks if s == 0 else None,
+                lse=part_lse,
+                return_lse=True,
+                kv_scale_format="auto",
+            )
+            if s == 0:
+                out_acc = part_out[:, 0].to(torch.float32, copy=True)
+                lse_acc = part_lse.clamp_min(-1e30)
+            else:
+                _patch_dsv4_wide_swa_merge(out_acc, lse_acc, part_out[:, 0], part_lse)
+        out4[start:stop, 0].copy_(out_acc)
+        merged_lse[start:stop] = lse_acc
+    return merged_lse
 # fmt: on
 
 
@@ -259,6 +400,12 @@ HELPERS = (
     _patch_dsv4_wide_swa_flashinfer_api,
     _patch_dsv4_wide_swa_merge,
     _patch_dsv4_wide_swa_sliced_prefill,
+)
+V41_HELPERS = (
+    _patch_dsv4_wide_swa_v41_takes_sliced_path,
+    _patch_dsv4_wide_swa_flashinfer_api,
+    _patch_dsv4_wide_swa_merge,
+    _patch_dsv4_wide_swa_v41_sliced_prefill,
 )
 
 
@@ -334,6 +481,83 @@ def _upstream_or_narrow(ctx: Context, tree: ast.Module | None) -> Outcome | None
     return None
 
 
+def _sets_attribute(tree: ast.Module, name: str) -> bool:
+    """Whether a class of ``tree`` sets ``name`` (``self.name = ...`` or a class attribute)."""
+    for node in ast.walk(tree):
+        targets = node.targets if isinstance(node, ast.Assign) else []
+        targets = [node.target] if isinstance(node, ast.AnnAssign) else targets
+        for target in targets:
+            if (isinstance(target, ast.Attribute) and target.attr == name) or (
+                isinstance(target, ast.Name) and target.id == name
+            ):
+                return True
+    return False
+
+
+def v41_rows_widen(ctx: Context) -> tuple[bool, str]:
+    """(whether the SWA builder widens DeepSeek-V4.1's prefill rows, evidence), read in the builder's condition.
+
+    The builder sets ``max_image_tokens`` from ``vision_max_n_token`` under a
+    condition on the model's config: widening applies to V4.1 unless the
+    condition names a config class V4.1's is not, or reads an attribute V4.1's
+    config never sets (``getattr`` then gives the default). A condition that
+    cannot be read counts as widening: the injected code checks the rows at run time.
+    """
+    if _narrow_prefill_rows(ctx):
+        return False, f"prefill window rows stay window_size (128) wide: {SPARSE_SWA} has no prefill_index_width"
+    init = ctx.scope(SPARSE_SWA, SWA_BUILDER, "__init__")
+    assigned = [
+        node.value
+        for node in (ast.walk(init) if init is not None else ())
+        if isinstance(node, ast.Assign) and [ast.unparse(t) for t in node.targets] == ["self.max_image_tokens"]
+    ]
+    if len(assigned) != 1 or not isinstance(assigned[0], ast.IfExp):
+        return True, f"{SPARSE_SWA}: {SWA_BUILDER}.__init__ widens prefill rows by max_image_tokens"
+    test = assigned[0].test
+    condition = ast.unparse(test)
+    where = f"{SPARSE_SWA}: {SWA_BUILDER}.__init__ widens prefill rows only if `{condition}`"
+    classes = [
+        ast.unparse(node.args[1]).rsplit(".", 1)[-1]
+        for node in ast.walk(test)
+        if isinstance(node, ast.Call) and ast.unparse(node.func) == "isinstance" and len(node.args) == 2
+    ]
+    config = ctx.ast(V41_CONFIG)
+    v41_class = "DeepseekV41Config"
+    if config is not None:
+        defined = [n.name for n in config.body if isinstance(n, ast.ClassDef)]
+        v41_class = next((n for n in defined if n.startswith("DeepseekV41")), v41_class)
+    other = [name for name in classes if name != v41_class]
+    if other:
+        return False, f"{where}, and V4.1's config is {v41_class}, not {other[0]}: V4.1's rows stay 128 wide"
+    read = [
+        node.args[1].value
+        for node in ast.walk(test)
+        if isinstance(node, ast.Call)
+        and ast.unparse(node.func) == "getattr"
+        and len(node.args) >= 2
+        and isinstance(node.args[1], ast.Constant)
+        and isinstance(node.args[1].value, str)
+    ]
+    unset = [name for name in read if config is not None and not _sets_attribute(config, name)]
+    ctx.looked_up(V41_CONFIG, v41_class, config is not None)
+    if unset:
+        return False, f"{where}, and {V41_CONFIG} never sets {unset[0]}: V4.1's rows stay 128 wide"
+    return True, f"{where}, which V4.1's config ({V41_CONFIG}) meets: its rows widen by vision_max_n_token"
+
+
+def _v41_upstream_or_narrow(ctx: Context, tree: ast.Module | None) -> Outcome | None:
+    prefill = find_scope(tree, SM120_CLASS, "_forward_prefill") if tree is not None else None
+    if prefill is not None and mentions_injected(prefill):
+        return None  # ours is in place: the anchors tell applied from modified
+    wide, evidence = v41_rows_widen(ctx)
+    if not wide:
+        return Outcome.not_applicable(evidence)
+    limited, fi_evidence = flashinfer_row_limit(ctx)
+    if not limited:
+        return Outcome.upstream(f"fixed in FlashInfer {FIXED_IN_FLASHINFER}: {fi_evidence}")
+    return None
+
+
 RECIPE_SLICER = "_sm120_sparse_mla_sliced_prefill"
 
 
@@ -377,6 +601,18 @@ class WideSwa(Patch):
             probe=_upstream_or_narrow,
             foreign=(RECIPE_WIDE_SWA,),
             kept=(miaai_kit.TEXT_ONLY_WINDOW,),
+        ),
+        *(
+            ReplaceStatements(
+                label=f"slice wide SM120 prefill rows ({tag})",
+                file=file,
+                scope=Scope(SM120_CLASS, "_forward_prefill"),
+                variants=(Variant(ANCHOR, V41_REPLACEMENT, releases="V4.1: 0.30.0 with FlashInfer 0.6.x"),),
+                helpers=V41_HELPERS,
+                probe=_v41_upstream_or_narrow,
+                foreign=(RECIPE_WIDE_SWA,),
+            )
+            for file, tag in in_layouts("nvidia/flashinfer_sparse.py")
         ),
     )
 

@@ -14,6 +14,8 @@ from tests.conftest import RELEASE_PARAMS
 from tests.injected import function_node
 from tests.releases import content_snapshot, wheel_file
 
+V41_MODEL = "vllm/models/deepseek_v41/nvidia/model.py"
+
 
 @pytest.mark.parametrize("version", RELEASE_PARAMS)
 def test_opt_in_until_asked_then_kept(version, make_tree, cli):
@@ -68,8 +70,10 @@ class _Stream:
         ({"PATCH_DSV4_AUX_STREAMS": "0"}, None),
         ({"LNA_DSV4_AUX_STREAMS": "0"}, None),
         ({"PATCH_DSV4_AUX_STREAMS": "1"}, 3),
+        ({"DSV41_EXL3_SERIAL_STREAMS": "1"}, None),
+        ({"DSV41_EXL3_SERIAL_STREAMS": "0"}, 3),
     ],
-    ids=["unset", "patch-dsv4-switch", "lna-switch", "on"],
+    ids=["unset", "patch-dsv4-switch", "lna-switch", "on", "miaai-serial", "miaai-not-serial"],
 )
 @pytest.mark.parametrize("version", ["0.28.0", "0.33.0"])
 def test_the_patched_statement_makes_streams_only_when_not_switched_off(
@@ -77,12 +81,14 @@ def test_the_patched_statement_makes_streams_only_when_not_switched_off(
 ):
     tree = make_tree(version)
     assert cli("apply", "--site-packages", tree, "--with", "aux-streams", "--only", "aux-streams").code == 0
-    for name in aux_streams.SWITCHES:
+    for name, _off in aux_streams.SWITCHES:
         monkeypatch.delenv(name, raising=False)
     for name, value in environ.items():
         monkeypatch.setenv(name, value)
     torch = types.SimpleNamespace(cuda=types.SimpleNamespace(Stream=_Stream))
-    for relpath, cls in ((MODEL, "DeepseekV4Model"), (MTP, "DeepSeekV4MultiTokenPredictor")):
+    v41 = [(V41_MODEL, "DeepseekV4Model")] if (tree / V41_MODEL).exists() else []
+    assert bool(v41) == (version != "0.28.0")
+    for relpath, cls in ((MODEL, "DeepseekV4Model"), (MTP, "DeepSeekV4MultiTokenPredictor"), *v41):
         init = function_node(tree / relpath, cls, "__init__")
         (statement,) = [
             n for n in ast.walk(init) if isinstance(n, ast.Assign) and ast.unparse(n.targets[0]) == "aux_stream_list"

@@ -56,8 +56,16 @@ def test_a_pristine_known_build_is_decided_from_anchors_without_judging(make_tre
     (record,) = _records(caplog)
     assert record.levelno == logging.ERROR
     message = record.getMessage()
-    assert "stream-load is pending (vllm/models/deepseek_v4/common/vl_model.py)" in message
-    assert "wide-swa is pending" in message and "dtype-policy" not in message
+    # the recorded V4.1 files too (anchors/): the vision class in nvidia/ and amd/, the SM120 prefill
+    assert (
+        "stream-load is pending (vllm/models/deepseek_v4/common/vl_model.py, vllm/models/deepseek_v41/amd/vl_model.py, "
+        "vllm/models/deepseek_v41/nvidia/vl_model.py)"
+    ) in message
+    assert (
+        "wide-swa is pending (vllm/models/deepseek_v4/nvidia/flashinfer_sparse.py, "
+        "vllm/models/deepseek_v41/nvidia/flashinfer_sparse.py)"
+    ) in message
+    assert "dtype-policy" not in message
     assert f"patch-dsv4 apply --python {sys.executable}" in message
 
 

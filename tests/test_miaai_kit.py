@@ -58,7 +58,8 @@ def test_exl3_lm_head_leaves_dtype_policy_upstream_and_is_left_in_place(version,
     done = cli("takeover", "--site-packages", tree, "--json")
     assert done.code == 0, done.stderr
     notes = done.json()["notes"]
-    assert f"{M.O_PROJ}: patch_exl3_lm_head.py (MiaAI-Lab kit): left in place, patch-dsv4 has no equivalent of it" in notes
+    kept = f"{M.O_PROJ}: patch_exl3_lm_head.py (MiaAI-Lab kit): left in place, patch-dsv4 has no equivalent of it"
+    assert kept in notes
     assert (tree / M.O_PROJ).read_bytes() == kit_o_proj
     assert cli("verify", "--site-packages", tree).code == 0
     assert cli("revert", "--site-packages", tree).code == 0

@@ -22,19 +22,22 @@ def test_upstream_names_its_evidence(version, make_tree, cli):
 
 @pytest.mark.parametrize("version", releases_needing("stream-load"))
 def test_only_the_vision_class_method_changes(version, make_tree, cli):
-    """Not the deepseek_v41 look-alike, not the nvidia/vl_model.py shim, not another method."""
+    """V4's vision class and V4.1's (nvidia/ and amd/), not the nvidia/vl_model.py shim, not another method."""
     tree = make_tree(version)
     before = stat_snapshot(tree)
     result = cli("apply", "--site-packages", tree, "--only", "stream-load", "--json")
     assert result.code == 0, result.stderr
     after = stat_snapshot(tree)
     changed = {f for f in after if before.get(f) != after[f] and not f.startswith(".patch-dsv4")}
-    assert changed == {VL_MODEL}
+    v41 = {f"vllm/models/deepseek_v41/{vendor}/vl_model.py" for vendor in ("nvidia", "amd")}
+    assert changed == {VL_MODEL, *v41}
     text = (tree / VL_MODEL).read_text()
     assert text.count(f"{HELPER}(mapped)") == 1
     assert "iter(sorted(mapped" not in text
-    look_alike = tree / "vllm/models/deepseek_v41/nvidia/vl_model.py"
-    assert HELPER not in look_alike.read_text()
+    for rel in v41:
+        text = (tree / rel).read_text()
+        assert text.count(f"{HELPER}(self.hf_to_vllm_mapper.apply(weights))") == 1
+        assert "sorted(" not in text
 
 
 def test_recognised_as_ours_without_state(make_tree, cli):

@@ -142,3 +142,45 @@ def test_natural_log_merge_exceeds_the_tolerance(sink, sliced, natural_log_merge
     ref_out, _ = _one_softmax(inputs)
     out, _ = _run(sliced, inputs)
     assert _excess(out, ref_out) > 1000.0
+
+
+@pytest.fixture
+def v41_sliced(monkeypatch):
+    """V4.1's injected sliced prefill (any token count, compressed segment or none), FlashInfer played as above."""
+    monkeypatch.setattr(
+        wide_swa,
+        "_patch_dsv4_wide_swa_flashinfer_api",
+        lambda: (reference.sparse_mla_sm120, reference.SparseMLASegment),
+    )
+    return wide_swa._patch_dsv4_wide_swa_v41_sliced_prefill
+
+
+@pytest.mark.parametrize("swa_only", [False, True], ids=["compressed", "swa-only"])
+@pytest.mark.parametrize("tokens", [130, 40], ids=["prefill-130", "decode-sized-40"])
+@pytest.mark.parametrize("sink", [True, False], ids=["sink", "nosink"])
+def test_v41_width_1152_equals_one_softmax(tokens, swa_only, sink, v41_sliced):
+    """V4.1's rows on 0.30.0 (128 + 1024 = 1152), on every path FlashInfer 0.6.x has no kernel for."""
+    inputs = _case(40 + tokens, tokens, 1152, sink, True)
+    if swa_only:  # compress_ratio 0: no compressed segment
+        inputs["extra_sparse_topk_lens"] = torch.zeros_like(inputs["extra_sparse_topk_lens"])
+        ref_out, ref_lse = _one_softmax(inputs)
+        inputs["extra_sparse_indices"] = inputs["extra_sparse_topk_lens"] = inputs["compressed_kv_cache"] = None
+    else:
+        ref_out, ref_lse = _one_softmax(inputs)
+    out, lse = _run(v41_sliced, inputs)
+    assert not torch.isnan(out).any()
+    assert _excess(out, ref_out) <= 1.0
+    assert torch.allclose(lse, ref_lse, rtol=1e-5, atol=1e-4)
+
+
+def test_v41_predicate_slices_every_wide_call(monkeypatch):
+    """Rows wider than 128 take the sliced path whatever the token count and segment, on FlashInfer 0.6.x only."""
+    import sys
+    import types
+
+    takes = wide_swa._patch_dsv4_wide_swa_v41_takes_sliced_path
+    for version, wide in (("0.6.18.post1", True), ("0.7.0.post1", False)):
+        monkeypatch.setitem(sys.modules, "flashinfer", types.SimpleNamespace(__version__=version))
+        assert takes(torch.zeros(3, 1, 1152)) is wide
+        assert takes(torch.zeros(500, 1152)) is wide
+        assert takes(torch.zeros(500, 1, 128)) is False

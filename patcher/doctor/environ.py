@@ -25,7 +25,12 @@ from .serving_env import (
 )
 
 SHARED_STREAM = "VLLM_DISABLE_SHARED_EXPERTS_STREAM"
-AUX_STREAM_SWITCHES = ("PATCH_DSV4_AUX_STREAMS", "LNA_DSV4_AUX_STREAMS")
+#: Each switch of the aux-streams patch and the value that turns the streams off (patches/aux_streams.py).
+AUX_STREAM_SWITCHES = (
+    ("PATCH_DSV4_AUX_STREAMS", "0"),
+    ("LNA_DSV4_AUX_STREAMS", "0"),
+    ("DSV41_EXL3_SERIAL_STREAMS", "1"),
+)
 LONG_CONTEXT = 200_000  # R README.md:423-427: expandable segments are "required past about 200k tokens"
 
 
@@ -202,21 +207,21 @@ def attention_aux_streams(ctx: DoctorContext) -> Row:
     if not exl3_attention(ctx):
         return Row("env.aux-streams", PASS, "no attention linear is EXL3 (non_routed_exl3 covers no attn module).")
     verdict = (ctx.runtime.patch_verdicts or {}).get("aux-streams")
-    switched = [name for name in AUX_STREAM_SWITCHES if ctx.environ.get(name, "").strip() == "0"]
+    switched = [f"{name}={off}" for name, off in AUX_STREAM_SWITCHES if ctx.environ.get(name, "").strip() == off]
     if verdict == "applied" and switched:
         return Row(
             "env.aux-streams",
             PASS,
-            f"attention linears are EXL3; the aux-streams patch is applied and {switched[0]}=0.",
+            f"attention linears are EXL3; the aux-streams patch is applied and {switched[0]}.",
         )
     missing = ([] if verdict == "applied" else [f"the aux-streams patch is {verdict or 'not known'}"]) + (
-        [] if switched else [f"{AUX_STREAM_SWITCHES[0]}=0 is not set"]
+        [] if switched else [f"{AUX_STREAM_SWITCHES[0][0]}=0 is not set"]
     )
     return Row(
         "env.aux-streams",
         WARN,
         f"attention linears are EXL3 but {' and '.join(missing)}, so they can run on vLLM's auxiliary streams.",
-        f"patch-dsv4 apply --with aux-streams{target_option(ctx.runtime)} && export {AUX_STREAM_SWITCHES[0]}=0",
+        f"patch-dsv4 apply --with aux-streams{target_option(ctx.runtime)} && export {AUX_STREAM_SWITCHES[0][0]}=0",
     )
 
 
