@@ -201,7 +201,7 @@ class ReplaceStatements(Edit):
     # -- judging ---------------------------------------------------------------
     def evaluate(self, ctx: Context, text: str | None) -> Outcome:
         outcome = self._evaluate(ctx, text)
-        notes = [note for other in self.kept if (note := other.note(ctx))]
+        notes = [note for other in self.kept if (note := other.note(ctx))] if text is not None else []
         if notes:
             detail = "; ".join((outcome.detail, *(text for _, text in notes)))
             return replace(outcome, detail=detail, kept=tuple(who for who, _ in notes))

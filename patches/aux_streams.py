@@ -136,6 +136,7 @@ class AuxStreams(Patch):
             helpers=(_patch_dsv4_aux_streams_off,),
             probe=_upstream_switch(cls),
             foreign=(LNA_AUX_STREAMS, miaai_kit.SERIAL_STREAMS_SWITCH),
+            kept=tuple(other for other in miaai_kit.V41_EXL3_LOADING if other.file == file),
         )
         for what, file, cls in (
             ("target model", MODEL, "DeepseekV4Model"),

@@ -15,6 +15,10 @@ of shared files land. Those that stand where a patch edits or its probes read:
   builder; and no aux streams when `DSV41_EXL3_SERIAL_STREAMS=1`, in V4's
   `DeepSeekV4MultiTokenPredictor.__init__` (`nvidia/mtp.py`): the fix aux-streams carries, taken over by it.
 
+On the nightly layout the same switch stands in V4.1's `DeepseekV4Model.__init__` (`deepseek_v4_1/nvidia/model.py`,
+foreign in aux-streams), in the file where `patch_exl3_lm_head.py` maps V4.1's EXL3 `wo_a.slice.G` tensors in
+`load_weights`: patch-dsv4 has no equivalent for that, so no take-over restores the file (apply leaves both).
+
 Nothing of the kit's code is kept here: the shapes below are what its edits leave, as the notes on it describe.
 """
 
@@ -24,6 +28,7 @@ import ast
 
 from patch_dsv4.edits import ForeignEdit, KeptEdit
 from patch_dsv4.patch import Scope
+from patch_dsv4.patches._v41 import in_layouts
 
 KIT = "MiaAI-Lab kit"
 EXL3_LM_HEAD = "patch_exl3_lm_head.py"
@@ -101,6 +106,29 @@ TEXT_ONLY_WINDOW = KeptEdit(
         "window (prefill rows stay 128 wide there; vision answers degrade), elsewhere nothing changes"
     ),
     found=_text_only_window,
+)
+
+
+def _v41_wo_a_slices(tree: ast.Module, scope: ast.AST | None) -> str | None:
+    """V4.1's loader maps the EXL3 ``wo_a.slice.G`` tensors (a string naming them in load_weights)."""
+    for node in ast.walk(scope) if scope is not None else ():
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and "wo_a.slice" in node.value:
+            return "load_weights maps the EXL3 wo_a.slice.G tensors into wo_a"
+    return None
+
+
+#: In V4.1's model file (nightly layout: the kit names deepseek_v4_1/), beside the streams aux-streams switches: a
+#: take-over that restored the whole file would remove it, so it is refused there.
+V41_EXL3_LOADING = tuple(
+    KeptEdit(
+        script=EXL3_LM_HEAD,
+        recipe=KIT,
+        file=file,
+        scope=Scope("DeepseekV4Model", "load_weights"),
+        meaning="V4.1's EXL3 pack loads its wo_a shards (patch-dsv4 has no equivalent for V4.1)",
+        found=_v41_wo_a_slices,
+    )
+    for file, _tag in in_layouts("nvidia/model.py")
 )
 #: The aux-streams switch, in V4's MTP draft (and V4.1's model on the nightly layout): the fix aux-streams carries.
 SERIAL_STREAMS_SWITCH = ForeignEdit(

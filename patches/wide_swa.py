@@ -611,6 +611,7 @@ class WideSwa(Patch):
                 helpers=V41_HELPERS,
                 probe=_v41_upstream_or_narrow,
                 foreign=(RECIPE_WIDE_SWA,),
+                kept=(miaai_kit.TEXT_ONLY_WINDOW,),
             )
             for file, tag in in_layouts("nvidia/flashinfer_sparse.py")
         ),

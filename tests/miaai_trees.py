@@ -30,6 +30,7 @@ from pathlib import Path
 
 KIT_REPO = "MiaAI-Lab/DeepSeek-v4.1-Flash-EXL3-2x-DGX-Sparks"
 NIGHTLY_V41 = "vllm/models/deepseek_v4_1"
+V41_MODEL = f"{NIGHTLY_V41}/nvidia/model.py"  # the one V4.1 file of the kit's a patch edits (aux-streams)
 
 O_PROJ = "vllm/models/deepseek_v4/nvidia/ops/o_proj.py"
 MTP = "vllm/models/deepseek_v4/nvidia/mtp.py"
@@ -157,7 +158,7 @@ def _script(name: str, reads: tuple[str, ...]):
         def run(tree: Path, version: str) -> KitRun:
             tree = Path(tree)
             assert (tree / f"vllm-{version}.dist-info").is_dir(), f"{tree} is not vLLM {version}"
-            checked = _pristine(tree, version, reads)
+            checked = not _v41_files_present(tree) and _pristine(tree, version, reads)
             result = fn(tree, version)
             assert result.script == name
             return _check(result, version) if checked else result
@@ -184,14 +185,28 @@ EXL3_BRANCH = (
 )
 
 
+# V4.1's DeepseekV4Model.load_weights: the wo_a.slice.G.* mapping (its other V4.1 edits, in files no patch reads,
+# are not built here)
+V41_SKIP_VISION = (
+    '            if name.startswith(("vision.", "aligner.", "image_")):\n'
+    "                # Vision weights are loaded by the outer multimodal wrapper.\n"
+)
+V41_WO_A_SLICES = (
+    f'            if ".wo_a.slice." in name:  # {EXL3_MARKER} EXL3 wo_a shards load into wo_a\n'
+    '                name = re.sub(r"\\.wo_a\\.slice\\.\\d+\\.", ".wo_a.", name)\n' + V41_SKIP_VISION
+)
+
+
 @_script(EXL3_LM_HEAD, (O_PROJ,))
 def apply_exl3_lm_head(tree: Path, version: str) -> KitRun:
-    """patch_exl3_lm_head.py: V4's shared deep_gemm_fp8_o_proj gets the EXL3 branch; its V4.1 edits need the
-    nightly layout. Any exception ends the script with exit 0."""
+    """patch_exl3_lm_head.py: V4's shared deep_gemm_fp8_o_proj gets the EXL3 branch; on the nightly layout V4.1's
+    loader maps the wo_a slices too. Any exception ends the script with exit 0."""
     run = KitRun(EXL3_LM_HEAD)
     _replace(run, tree, O_PROJ, EXL3_MARKER, [(USE_FP8, USE_FP8_EXL3), (BF16_BRANCH, EXL3_BRANCH)])
     if not _v41_files_present(tree):
-        run.warnings.append(f"{NIGHTLY_V41}/nvidia/model.py: No such file (exit 0 all the same)")
+        run.warnings.append(f"{V41_MODEL}: No such file (exit 0 all the same)")
+        return run
+    _replace(run, tree, V41_MODEL, EXL3_MARKER, [(V41_SKIP_VISION, V41_WO_A_SLICES)])
     return run
 
 
@@ -249,8 +264,12 @@ def apply_sm120_block64(tree: Path, version: str) -> KitRun:
     _replace(run, tree, MTP, BLOCK64_MARKER, [(AUX_STREAMS, AUX_STREAMS_SERIAL), (IMPORT_TYPING, IMPORT_OS_TYPING)])
     _replace(run, tree, MLA_INDEXER, BLOCK64_MARKER, [], BLOCK_SIZE_HELPER)
     if not _v41_files_present(tree):
-        run.warnings.append(f"{NIGHTLY_V41}/nvidia/attention.py: not found")
+        run.warnings.append(f"{NIGHTLY_V41}/attention.py: not found")
         run.exit_code = 1
+        return run
+    # V4.1's target model: the same switch
+    edits = [(AUX_STREAMS, AUX_STREAMS_SERIAL), (IMPORT_TYPING, IMPORT_OS_TYPING)]
+    _replace(run, tree, V41_MODEL, BLOCK64_MARKER, edits)
     return run
 
 

@@ -189,3 +189,30 @@ def test_the_whole_kit_on_0_30_0(make_tree, cli, release_wheels):
     left = sorted(set(changed) - {M.MTP})
     assert _not_record(tree) == left and all((tree / rel).read_bytes() == kit[rel] for rel in left)
     assert _not_record(tree, DSV4 + "/") == [M.O_PROJ]
+
+
+def test_the_kit_on_the_nightly_layout(make_tree, cli, release_wheels):
+    """On deepseek_v4_1/ the kit's switch stands in V4.1's model too, beside its EXL3 loading: aux-streams is
+    foreign there, and no take-over restores that file (it would remove the EXL3 loading); apply leaves it."""
+    from tests.v41_trees import nightly_layout
+
+    tree = nightly_layout(make_tree("0.30.0"))
+    runs = M.run_kit(tree, "0.30.0")
+    assert all(M.V41_MODEL in run.changed for run in runs[:2]) and runs[1].exit_code == 0
+    status = cli("status", "--site-packages", tree, "--json")
+    (v41,) = [e for e in status.patch("aux-streams")["edits"] if e["file"] == M.V41_MODEL]
+    assert v41["verdict"] == "foreign" and v41["foreign"] == "patch_sm120_block64.py"
+    assert "patch_exl3_lm_head.py (MiaAI-Lab kit) edited model.py (DeepseekV4Model.load_weights)" in v41["detail"]
+    wide = [e for e in status.patch("wide-swa")["edits"] if "nightly" in e["label"] and "V4.1" in e["label"]]
+    assert wide[0]["verdict"] == "pending" and "patch_sm120_block64.py" in wide[0]["detail"]
+    assert status.verdicts()["dtype-policy"] == "upstream"
+    before = content_snapshot(tree, "vllm")
+    refused = cli("takeover", "--site-packages", tree)
+    assert refused.code == 1 and f"cannot take over {M.V41_MODEL}" in refused.stderr
+    assert "patch_exl3_lm_head.py (MiaAI-Lab kit)'s edit" in refused.stderr and "never removes" in refused.stderr
+    assert content_snapshot(tree, "vllm") == before
+    done = cli("apply", "--site-packages", tree, "--json")
+    assert done.code == 0, done.stderr
+    assert M.V41_MODEL not in done.json()["changed_files"] and M.MTP not in done.json()["changed_files"]
+    assert cli("verify", "--site-packages", tree).code == 0
+    assert cli("revert", "--site-packages", tree).code == 0 and content_snapshot(tree, "vllm") == before
