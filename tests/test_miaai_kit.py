@@ -216,3 +216,23 @@ def test_the_kit_on_the_nightly_layout(make_tree, cli, release_wheels):
     assert M.V41_MODEL not in done.json()["changed_files"] and M.MTP not in done.json()["changed_files"]
     assert cli("verify", "--site-packages", tree).code == 0
     assert cli("revert", "--site-packages", tree).code == 0 and content_snapshot(tree, "vllm") == before
+
+
+@pytest.mark.parametrize(
+    ("body", "counts"),
+    [
+        ("use_fp8 = wo_a.weight.dtype == torch.float8_e4m3fn", True),  # vLLM 0.30.0-0.33.0
+        ('w = getattr(wo_a, "weight", None)\nuse_fp8 = w is not None and w.dtype == torch.float8_e4m3fn', True),
+        ("w = wo_a.weight\nuse_fp8 = w.dtype == torch.float8_e4m3fn", True),
+        ("w = wo_b.weight\nuse_fp8 = w.dtype == torch.float8_e4m3fn", False),  # another module's weight
+        ('w = getattr(wo_a, "weight_scale", None)\nuse_fp8 = w.dtype == torch.float8_e4m3fn', False),
+        ("use_fp8 = wo_a.weight.dtype == torch.bfloat16", False),
+    ],
+)
+def test_the_dtype_probe_follows_a_name_bound_to_wo_a_weight(body, counts):
+    """dtype-policy's evidence in the shared op: a comparison of wo_a's weight dtype with FP8, however bound."""
+    import ast
+
+    from patch_dsv4.patches.dtype_policy import _compares_wo_a_dtype_with_fp8
+
+    assert _compares_wo_a_dtype_with_fp8(ast.parse(body)) is counts
