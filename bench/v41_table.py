@@ -3,7 +3,7 @@
 For each release and layout (``release``: ``deepseek_v41/`` as the wheel ships
 it; ``nightly``: the package renamed ``deepseek_v4_1/`` by tests/v41_trees.py),
 on a fresh copy of the release tree: ``status --json``, ``apply --with
-aux-streams --json``, ``verify``, a second apply (must change nothing), then
+aux-streams --with exl3-wo-a-slices --json``, ``verify``, a second apply (must change nothing), then
 ``revert`` (every file of both model packages byte for byte as before).
 Prints one row per patch and model: the verdicts of its edits before -> after.
 
@@ -76,7 +76,7 @@ def main() -> int:
                 site = ("--site-packages", str(tree))
                 original = snapshot(tree)
                 _, before = cli("status", *site, "--json")
-                code, after = cli("apply", *site, "--with", "aux-streams", "--json")
+                code, after = cli("apply", *site, "--with", "aux-streams", "--with", "exl3-wo-a-slices", "--json")
                 verify, _ = cli("verify", *site, "--json")
                 _, again = cli("apply", *site, "--json")
                 reverted, _ = cli("revert", *site, "--json")

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable
 from io import TextIOBase as TextIO  # not typing: importing typing costs verify 2 ms
 
 PACKAGE_PREFIX = "vllm/models/deepseek_v4/"
+V41_PREFIXES = ("vllm/models/deepseek_v41/", "vllm/models/deepseek_v4_1/")
 #: The version of the JSON documents every command writes (README, "JSON output"; patcher/report.schema.json).
 JSON_SCHEMA = 1
 #: Verdicts that fail ``verify``: the environment is not in the state it needs.
@@ -205,8 +206,13 @@ _FOLDED = frozenset("\t\n\x0b\x0c\r")
 
 
 def short_path(relpath: str) -> str:
-    """A file of the DeepSeek-V4 package without the prefix every one of them shares."""
-    return relpath[len(PACKAGE_PREFIX) :] if relpath.startswith(PACKAGE_PREFIX) else relpath
+    """A file of the DeepSeek-V4 package without the prefix every one of them shares; one of V4.1's
+    (``deepseek_v41/``, ``deepseek_v4_1/``) keeps its package's name."""
+    if relpath.startswith(PACKAGE_PREFIX):
+        return relpath[len(PACKAGE_PREFIX) :]
+    if relpath.startswith(V41_PREFIXES):
+        return relpath[len("vllm/models/") :]
+    return relpath
 
 
 def _wrap(text: str, width: int, indent: str) -> list[str]:

@@ -19,6 +19,12 @@ still fails (`ValueError: shard_idx ... out of range` instead of the `KeyError`)
 `dense-exl3`; applied only when asked for (`patch-dsv4 apply --with
 exl3-wo-a-slices`), then kept by later applies.
 
+DeepSeek-V4.1 EXL3 packs store `wo_a` per group too (MiaAI-Lab's kit maps
+`wo_a.slice.G.*` in V4.1's loader), and V4.1's `DeepseekV4Model.load_weights`
+(`deepseek_v41/nvidia/model.py`; `deepseek_v4_1/` in the nightlies, vLLM
+0.30.0-0.33.0) has the same `stacked_params_mapping` and no mapping for them:
+the patch extends it the same way.
+
 Not fixed upstream in vLLM 0.28.0-0.33.0.
 """
 
@@ -29,6 +35,7 @@ import re
 
 from patch_dsv4.edits import ForeignEdit, ReplaceStatements, Variant, injected_names, mentions_injected
 from patch_dsv4.patch import Context, Example, Patch, Scope
+from patch_dsv4.patches._v41 import in_layouts
 from patch_dsv4.verdicts import Outcome, Verdict
 
 MODEL = "vllm/models/deepseek_v4/nvidia/model.py"
@@ -111,31 +118,44 @@ LNA_SLICES = ForeignEdit(
 )
 
 
-def _upstream_slices(ctx: Context, tree: ast.Module | None) -> Outcome | None:
-    """vLLM maps wo_a slices itself: the loader names ``wo_a.slice`` (none of ours, none of lna-lab's)."""
-    scope = ctx.scope(MODEL, "DeepseekV4Model", "load_weights") if tree is not None else None
-    if scope is None or mentions_injected(scope, OWN):
+def _upstream_slices(file: str = MODEL):
+    def probe(ctx: Context, tree: ast.Module | None) -> Outcome | None:
+        """vLLM maps wo_a slices itself: the loader names ``wo_a.slice`` (none of ours, none of lna-lab's)."""
+        scope = ctx.scope(file, "DeepseekV4Model", "load_weights") if tree is not None else None
+        if scope is None or mentions_injected(scope, OWN):
+            return None
+        strings = _slice_strings(scope)
+        if strings:
+            where = "" if file == MODEL else f"{file}: "
+            return Outcome.upstream(
+                f"{where}DeepseekV4Model.load_weights maps wo_a slices itself: {strings[0].value!r}"
+            )
         return None
-    strings = _slice_strings(scope)
-    if strings:
-        return Outcome.upstream(f"DeepseekV4Model.load_weights maps wo_a slices itself: {strings[0].value!r}")
-    return None
+
+    return probe
 
 
 class Exl3WoASlices(Patch):
     id = "exl3-wo-a-slices"
     title = "opt-in: an EXL3 wo_a stored per group (attn.wo_a.slice.G) loads"
     opt_in = True
-    edits = (
+    edits = tuple(
         ReplaceStatements(
-            label="load_weights maps attn.wo_a.slice.G to wo_a, shard G",
-            file=MODEL,
+            label=label,
+            file=file,
             scope=Scope("DeepseekV4Model", "load_weights"),
-            variants=(Variant(ANCHOR, REPLACEMENT, releases="0.28.0-0.33.0"),),
+            variants=(Variant(ANCHOR, REPLACEMENT, releases=releases),),
             helpers=(_patch_dsv4_wo_a_slice_mapping,),
-            probe=_upstream_slices,
+            probe=_upstream_slices(file),
             foreign=(LNA_SLICES,),
-        ),
+        )
+        for label, file, releases in (
+            ("load_weights maps attn.wo_a.slice.G to wo_a, shard G", MODEL, "0.28.0-0.33.0"),
+            *(
+                (f"load_weights maps attn.wo_a.slice.G to wo_a, shard G ({tag})", file, "V4.1: 0.30.0-0.33.0")
+                for file, tag in in_layouts("nvidia/model.py")
+            ),
+        )
     )
 
 

@@ -13,6 +13,11 @@ name alone: a tensor with a home is always loaded. From 0.30.0 `bias_vl` is a re
 weight used in the forward, and an unconditional skip would leave it uninitialised
 without any error for a quantized model.
 
+DeepSeek-V4.1's text class (`DeepseekV41LLMForCausalLM`, `deepseek_v41/nvidia/model.py`;
+`deepseek_v4_1/` in the nightlies) ships with vLLM 0.30.0 on and passes over the vision
+tower itself: its weight mapper drops `vision.`, `aligner.` and `image_`, and
+`DeepseekV4Model.load_weights` skips them. Its edit is there to say so, with that evidence.
+
 Fixed upstream in vLLM 0.30.0: `DeepseekV4MoE.__init__` (`nvidia/model.py`) creates
 `gate.bias_vl` and the hash-layer `gate.e_score_correction_bias` for vision
 checkpoints, and `DeepseekV4ForConditionalGeneration` (`common/vl_model.py`) owns
@@ -25,6 +30,7 @@ import ast
 
 from patch_dsv4.edits import ForeignEdit, ReplaceStatements, Variant
 from patch_dsv4.patch import Context, Example, Patch, Scope
+from patch_dsv4.patches._v41 import in_layouts
 from patch_dsv4.verdicts import Outcome, Verdict
 
 MODEL = "vllm/models/deepseek_v4/nvidia/model.py"
@@ -32,6 +38,8 @@ DSPARK = "vllm/models/deepseek_v4/nvidia/dspark.py"
 VL_MODEL = "vllm/models/deepseek_v4/common/vl_model.py"
 NIGHTLY_VL_MODEL = "vllm/models/deepseek_v4/nvidia/vl_model.py"  # the vision class on 0.29-0.30 nightlies
 TEXT_CLASS = "DeepseekV4ForCausalLM"
+V41_TEXT_CLASS = "DeepseekV41LLMForCausalLM"
+VISION_PREFIXES = ("vision.", "aligner.", "image_")
 VISION_CLASS = "DeepseekV4ForConditionalGeneration"
 
 
@@ -207,6 +215,45 @@ def _upstream_vision_tower(ctx: Context, tree: ast.Module | None) -> Outcome | N
     return None
 
 
+def _v41_passes_over_the_vision_tower(file: str):
+    """Upstream where V4.1's text class drops the vision tower itself: its weight mapper maps each prefix to None,
+    or ``DeepseekV4Model.load_weights`` skips names starting with them."""
+
+    def probe(ctx: Context, tree: ast.Module | None) -> Outcome | None:
+        if tree is None:
+            return None
+        found = []
+        cls = ctx.scope(file, V41_TEXT_CLASS, None)
+        for node in cls.body if cls is not None else ():
+            if isinstance(node, ast.Assign) and [ast.unparse(t) for t in node.targets] == ["hf_to_vllm_mapper"]:
+                value = node.value  # the mapper itself, or a call of the module's function that makes it
+                if isinstance(value, ast.Call) and isinstance(value.func, ast.Name):
+                    value = ctx.scope(file, None, value.func.id) or value
+                dropped = {
+                    key.value
+                    for d in ast.walk(value)
+                    if isinstance(d, ast.Dict)
+                    for key, item in zip(d.keys, d.values, strict=True)
+                    if isinstance(key, ast.Constant) and isinstance(item, ast.Constant) and item.value is None
+                }
+                if set(VISION_PREFIXES) <= dropped:
+                    found.append(f"{V41_TEXT_CLASS}'s weight mapper maps vision., aligner. and image_ to None")
+        loader = ctx.scope(file, "DeepseekV4Model", "load_weights")
+        for node in ast.walk(loader) if loader is not None else ():
+            if (
+                isinstance(node, ast.If)
+                and all(f"'{p}'" in ast.unparse(node.test) for p in VISION_PREFIXES)
+                and "startswith" in ast.unparse(node.test)
+                and any(isinstance(s, ast.Continue) for s in node.body)
+            ):
+                found.append("DeepseekV4Model.load_weights skips names starting with vision., aligner. or image_")
+        if found:
+            return Outcome.upstream(f"{file}: " + "; ".join(found))
+        return None
+
+    return probe
+
+
 def _skips_on(scope: ast.AST | None, suffix: str, guarded: bool) -> bool:
     """Whether ``scope`` holds ``if name.endswith(<suffix>) [and name not in params_dict]: continue``.
 
@@ -281,6 +328,17 @@ class LoaderSkips(Patch):
             helpers=(_patch_dsv4_gate_bias_without_home,),
             probe=_upstream_draft_gate_bias,
             foreign=(RECIPE_DRAFT_SKIP,),
+        ),
+        *(
+            ReplaceStatements(
+                label=f"text class ignores the vision tower it has no module for ({tag})",
+                file=file,
+                scope=Scope(V41_TEXT_CLASS, "load_weights"),
+                variants=VISION_TOWER,
+                helpers=(_patch_dsv4_vision_tower_prefixes,),
+                probe=_v41_passes_over_the_vision_tower(file),
+            )
+            for file, tag in in_layouts("nvidia/model.py")
         ),
     )
 

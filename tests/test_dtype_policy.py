@@ -22,6 +22,9 @@ def test_upstream_names_its_evidence(version, make_tree, cli):
     patch = cli("status", "--site-packages", make_tree(version), "--json").patch("dtype-policy")
     assert patch["verdict"] == "upstream"
     for edit in patch["edits"]:
+        if "deepseek_v4_1/" in edit["file"]:  # V4.1's nightly layout: not in a release
+            assert edit["verdict"] == "not-applicable" and "not part of this release" in edit["detail"]
+            continue
         assert O_PROJ in edit["detail"] and "deep_gemm_fp8_o_proj" in edit["detail"], edit
 
 

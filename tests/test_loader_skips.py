@@ -20,8 +20,11 @@ UTILS = "vllm/model_executor/models/utils.py"
 @pytest.mark.parametrize("version", [v for v in RELEASES if recorded_verdict(v, "loader-skips") == "upstream"])
 def test_upstream_names_its_evidence(version, make_tree, cli):
     patch = cli("status", "--site-packages", make_tree(version), "--json").patch("loader-skips")
-    vision, target, draft = patch["edits"]
+    vision, target, draft, *v41 = patch["edits"]
     assert (vision["file"], target["file"], draft["file"]) == (MODEL, MODEL, DSPARK)
+    # V4.1's text class (release layout; the nightly one is absent): its own skip is the evidence
+    assert [e["verdict"] for e in v41] == ["upstream", "not-applicable"]
+    assert "DeepseekV4Model.load_weights skips names starting with vision." in v41[0]["detail"]
     assert VL_MODEL in vision["detail"] and "DeepseekV4ForConditionalGeneration" in vision["detail"]
     assert "DeepseekV4MoE.__init__ creates gate.bias_vl" in target["detail"], target
     assert DSPARK in draft["detail"] and "DeepseekV4DecoderLayer" in draft["detail"], draft
@@ -46,7 +49,13 @@ def test_changed_loader_is_drifted_and_nothing_written(make_tree, cli):
 
     patch = cli("status", "--site-packages", tree, "--json").patch("loader-skips")
     assert patch["verdict"] == "drifted"
-    assert [e["verdict"] for e in patch["edits"]] == ["pending", "drifted", "pending"]
+    assert [e["verdict"] for e in patch["edits"]] == [
+        "pending",
+        "drifted",
+        "pending",
+        "not-applicable",
+        "not-applicable",
+    ]
     assert "base_layer" in patch["edits"][1]["expected"]
 
     applied = cli("apply", "--site-packages", tree)

@@ -18,6 +18,8 @@ EXPECTED = {
     ("wide-swa", "nvidia/flashinfer_sparse.py"): ("pending", "not-applicable", "not-applicable", "not-applicable"),
     ("dtype-policy", "nvidia/flashinfer_sparse.py"): ("upstream",) * 4,
     ("dtype-policy", "nvidia/flashmla.py"): ("upstream",) * 4,
+    ("loader-skips", "nvidia/model.py"): ("upstream",) * 4,
+    ("exl3-wo-a-slices", "nvidia/model.py"): ("pending",) * 4,
 }
 VERSIONS = ("0.30.0", "0.31.0", "0.32.0", "0.33.0")
 
@@ -67,7 +69,7 @@ def test_v41_lifecycle(version, layout, make_tree, cli):
         if key in recorded and layout == "release":
             assert verdict == recorded[key], key
 
-    applied = cli("apply", "--site-packages", tree, "--with", "aux-streams", "--json")
+    applied = cli("apply", "--site-packages", tree, "--with", "aux-streams", "--with", "exl3-wo-a-slices", "--json")
     assert applied.code == 0, applied.stderr
     after = _edits(applied.json(), package)
     for key, verdicts in EXPECTED.items():
