@@ -110,10 +110,18 @@ TEXT_ONLY_WINDOW = KeptEdit(
 
 
 def _v41_wo_a_slices(tree: ast.Module, scope: ast.AST | None) -> str | None:
-    """V4.1's loader maps the EXL3 ``wo_a.slice.G`` tensors (a string naming them in load_weights)."""
+    """V4.1's loader renames the EXL3 ``wo_a.slice.G`` tensors: ``name`` rebound by an expression naming them
+    (vLLM's own loaders, ours and lna-lab's add stacked_params_mapping entries instead)."""
     for node in ast.walk(scope) if scope is not None else ():
-        if isinstance(node, ast.Constant) and isinstance(node.value, str) and "wo_a.slice" in node.value:
-            return "load_weights maps the EXL3 wo_a.slice.G tensors into wo_a"
+        if (
+            isinstance(node, ast.Assign)
+            and [ast.unparse(t) for t in node.targets] == ["name"]
+            and any(
+                isinstance(sub, ast.Constant) and isinstance(sub.value, str) and "wo_a" in sub.value
+                for sub in ast.walk(node.value)
+            )
+        ):
+            return "load_weights renames the EXL3 wo_a.slice.G tensors to wo_a"
     return None
 
 
@@ -129,6 +137,16 @@ V41_EXL3_LOADING = tuple(
         found=_v41_wo_a_slices,
     )
     for file, _tag in in_layouts("nvidia/model.py")
+)
+#: The same edit, where exl3-wo-a-slices would write its own: never planned behind it, never taken for upstream's.
+V41_WO_A_SLICES = ForeignEdit(
+    script=EXL3_LM_HEAD,
+    recipe=KIT,
+    meaning=(
+        "it loads V4.1's EXL3 wo_a slices as this patch does, as part of the kit's V4.1 EXL3 loading, which "
+        "patch-dsv4 does not take over (takeover refuses this file): leave it to the kit"
+    ),
+    found=_v41_wo_a_slices,
 )
 #: The aux-streams switch, in V4's MTP draft (and V4.1's model on the nightly layout): the fix aux-streams carries.
 SERIAL_STREAMS_SWITCH = ForeignEdit(

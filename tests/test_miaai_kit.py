@@ -206,6 +206,11 @@ def test_the_kit_on_the_nightly_layout(make_tree, cli, release_wheels):
     wide = [e for e in status.patch("wide-swa")["edits"] if "nightly" in e["label"] and "V4.1" in e["label"]]
     assert wide[0]["verdict"] == "pending" and "patch_sm120_block64.py" in wide[0]["detail"]
     assert status.verdicts()["dtype-policy"] == "upstream"
+    # the kit's V4.1 slice mapping is never taken for upstream's, nor written behind
+    (slices,) = [e for e in status.patch("exl3-wo-a-slices")["edits"] if e["file"] == M.V41_MODEL]
+    assert slices["verdict"] == "foreign" and slices["foreign"] == "patch_exl3_lm_head.py"
+    asked = cli("apply", "--site-packages", tree, "--with", "exl3-wo-a-slices")
+    assert asked.code == 1 and "another tool's edit" in asked.stderr
     before = content_snapshot(tree, "vllm")
     refused = cli("takeover", "--site-packages", tree)
     assert refused.code == 1 and f"cannot take over {M.V41_MODEL}" in refused.stderr
