@@ -16,8 +16,9 @@ of shared files land. Those that stand where a patch edits or its probes read:
   `DeepSeekV4MultiTokenPredictor.__init__` (`nvidia/mtp.py`): the fix aux-streams carries, taken over by it.
 
 On the nightly layout the same switch stands in V4.1's `DeepseekV4Model.__init__` (`deepseek_v4_1/nvidia/model.py`,
-foreign in aux-streams), in the file where `patch_exl3_lm_head.py` maps V4.1's EXL3 `wo_a.slice.G` tensors in
-`load_weights`: patch-dsv4 has no equivalent for that, so no take-over restores the file (apply leaves both).
+foreign in aux-streams), in the file where `patch_exl3_lm_head.py` renames V4.1's EXL3 `wo_a.slice.G` tensors in
+`load_weights` (foreign in exl3-wo-a-slices, never taken for upstream's), part of its V4.1 EXL3 loading, which
+patch-dsv4 does not take over: no take-over restores that file (apply leaves both edits).
 
 Nothing of the kit's code is kept here: the shapes below are what its edits leave, as the notes on it describe.
 """
