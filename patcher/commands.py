@@ -22,6 +22,7 @@ from patch_dsv4.judge import as_opt_in, judge_state
 from patch_dsv4.planning import judge_reverted, options, plan_apply, plan_revert
 from patch_dsv4.reading import read_state, read_view, state_store
 from patch_dsv4.registry import discover_patches
+from patch_dsv4.release_wheel import ReleaseWheel
 from patch_dsv4.reporting import (
     committed_report,
     dry_run_report,
@@ -97,6 +98,8 @@ def apply(
     with store.wait_unlocked(lock_timeout, on_wait) if dry_run else store.lock(lock_timeout, on_wait):
         notes = [] if dry_run else recover(env, store)
         state = read_state(env, store, patches)
+        if takeover:
+            state.wheel = ReleaseWheel(env)
         judged = judge_state(state, takeover, opts.with_)
         plan = plan_apply(state, judged, opts, notes)
         checkpoint("judged")

@@ -17,7 +17,7 @@ import functools
 import inspect
 import textwrap
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from patch_dsv4.fingerprint import find_scope, normalize_node, statements
 from patch_dsv4.patch import INJECTED_PREFIX, Context, Edit, Scope
@@ -129,6 +129,39 @@ class ForeignEdit:
 
 
 @dataclass(frozen=True)
+class KeptEdit:
+    """Another tool's edit that patch-dsv4 has no equivalent for, in a scope a patch's probes read: never removed
+    by patch-dsv4. The patch keeps the verdict its own code earns, with a note naming the script; ``takeover``
+    leaves the edit in place and says so. Recognised by facts written here, as :class:`ForeignEdit` is.
+
+    ``found(tree, scope)`` gets the parsed ``file`` and ``scope`` in it (None when absent) and returns the
+    evidence or None; ``meaning`` says what the edit means for serving.
+    """
+
+    script: str
+    recipe: str
+    file: str
+    scope: Scope
+    meaning: str
+    found: Callable[[ast.Module, ast.AST | None], str | None] = field(compare=False)
+
+    def note(self, ctx: Context) -> tuple[str, str] | None:
+        """(who edited which file, the note for a report) when the edit stands in the target, else None.
+
+        Looks nothing up that could fail a verdict: an absent scope is no evidence either way.
+        """
+        tree = ctx.ast(self.file)
+        evidence = self.found(tree, find_scope(tree, self.scope.cls, self.scope.func)) if tree is not None else None
+        if not evidence:
+            return None
+        where = f"{self.file.rsplit('/', 1)[-1]} ({self.scope})"
+        return (
+            f"{self.file}: {self.script} ({self.recipe})",
+            f"{self.script} ({self.recipe}) edited {where}: {evidence}; {self.meaning}; patch-dsv4 leaves it in place",
+        )
+
+
+@dataclass(frozen=True)
 class ReplaceStatements(Edit):
     """Replace the consecutive statements of a variant's ``anchor`` inside ``scope`` by its ``replacement``.
 
@@ -140,7 +173,9 @@ class ReplaceStatements(Edit):
     place, else the one whose anchor matches, is the release's; none matching
     is drift reported against the first. ``foreign`` recognise other tools'
     edits of the same fix; they are looked for before anything else, so such an
-    edit is never taken for upstream's fix, a pending anchor or ours.
+    edit is never taken for upstream's fix, a pending anchor or ours. ``kept``
+    are other tools' edits the probes may read that patch-dsv4 leaves in place:
+    the verdict stays the edit's own, with a note naming each one found.
     """
 
     label: str
@@ -150,6 +185,7 @@ class ReplaceStatements(Edit):
     helpers: tuple[Callable, ...] = ()
     probe: Probe | None = field(default=None, compare=False)
     foreign: tuple[ForeignEdit, ...] = ()
+    kept: tuple[KeptEdit, ...] = ()
 
     def helper_sources(self) -> tuple[str, ...]:
         return tuple(helper_source(h) for h in self.helpers)
@@ -164,6 +200,14 @@ class ReplaceStatements(Edit):
 
     # -- judging ---------------------------------------------------------------
     def evaluate(self, ctx: Context, text: str | None) -> Outcome:
+        outcome = self._evaluate(ctx, text)
+        notes = [note for other in self.kept if (note := other.note(ctx))] if text is not None else []
+        if notes:
+            detail = "; ".join((outcome.detail, *(text for _, text in notes)))
+            return replace(outcome, detail=detail, kept=tuple(who for who, _ in notes))
+        return outcome
+
+    def _evaluate(self, ctx: Context, text: str | None) -> Outcome:
         tree = None
         if text is not None:
             try:

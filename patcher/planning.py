@@ -22,7 +22,7 @@ from patch_dsv4.quick import patch_digest
 from patch_dsv4.reading import NO_STATE, State, StateView
 from patch_dsv4.render import PACKAGE_PREFIX
 from patch_dsv4.state import FileEntry, Manifest
-from patch_dsv4.takeover import Restore, foreign_patches, takeover_next
+from patch_dsv4.takeover import Restore, foreign_patches, kept_edits, takeover_next
 from patch_dsv4.verdicts import PatchReport, Verdict
 
 
@@ -102,6 +102,10 @@ def plan_apply(state: State, judged: Judged, opts: Options, notes: list[str]) ->
     notes += state_notes(view)
     with_ids = set(opts.with_)
     if opts.takeover:
+        kept = kept_edits(judged.found)
+        mixed = next(((r, who) for r in judged.restores for who in kept if who.startswith(f"{r.relpath}: ")), None)
+        if mixed is not None:  # restoring pip's bytes would remove an edit patch-dsv4 has no equivalent for
+            return Plan(command, state, (), notes, refusal=_kept_refusal(state, judged, *mixed))
         missing = next((r for r in judged.restores if r.data is None), None)
         if missing is not None:
             return Plan(
@@ -111,7 +115,8 @@ def plan_apply(state: State, judged: Judged, opts: Options, notes: list[str]) ->
                 notes,
                 refusal=Refused(
                     f"cannot take over {missing.relpath} from {', '.join(missing.scripts)}",
-                    "no backup beside it holds what pip installed (its sha256 in RECORD)",
+                    "no backup beside it holds what pip installed (its sha256 in RECORD)"
+                    + (f", and the release wheel cannot serve: {state.wheel.problem}" if state.wheel else ""),
                     env.reinstall_then(),
                 ),
             )
@@ -119,6 +124,7 @@ def plan_apply(state: State, judged: Judged, opts: Options, notes: list[str]) ->
             notes.append(f"{r.relpath}: restores pip's bytes from {r.backup} (edited by {', '.join(r.scripts)})")
         if not judged.restores:
             notes.append("no other tool's edit was found: nothing to take over")
+        notes += [f"{who}: left in place, patch-dsv4 has no equivalent of it" for who in kept]
         taken = foreign_patches(judged.found) & {p.id for p in patches if p.opt_in}
         if taken - with_ids - state.opt_in_kept:
             notes.append(f"takes over the opt-in {', '.join(sorted(taken))} too, as the other tool's edit was in use")
@@ -280,6 +286,21 @@ def _refusal(state: State, judgement: Judgement, blocked: list[PatchReport], cho
         f"refusing to apply: {first.id} is drifted",
         why.replace(PACKAGE_PREFIX, ""),
         f"patch-dsv4 status -v{env.target.args()}{others}",
+    )
+
+
+def _kept_refusal(state: State, judged: Judged, restore: Restore, who: str) -> Refused:
+    """A file to take over also holds another tool's edit patch-dsv4 never removes: the take-over stops there."""
+    taken = sorted(
+        pid
+        for pid, pairs in judged.found.outcomes.items()
+        if any(e.file == restore.relpath and o.verdict is Verdict.FOREIGN for e, o in pairs)
+    )
+    return Refused(
+        f"cannot take over {restore.relpath} from {', '.join(restore.scripts)}",
+        f"it also holds {who.split(': ', 1)[1]}'s edit, which patch-dsv4 has no equivalent for and never removes",
+        f"patch-dsv4 apply{state.env.target.args()} (without --with {' --with '.join(taken)}: that edit stays "
+        "the other tool's)",
     )
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from patch_dsv4.environment import Environment, record_digest
 from patch_dsv4.errors import Refused
@@ -13,6 +14,9 @@ from patch_dsv4.fs import sha256_bytes
 from patch_dsv4.patch import Context, Patch
 from patch_dsv4.registry import declared_files
 from patch_dsv4.state import Manifest, StateStore
+
+if TYPE_CHECKING:
+    from patch_dsv4.release_wheel import ReleaseWheel
 
 
 @dataclass
@@ -115,7 +119,8 @@ class State:
     patches: list[Patch]
     view: StateView
     _bytes: dict[str, bytes | None] = field(default_factory=dict, repr=False)
-    _pip_copies: dict[str, tuple[str, bytes] | None] = field(default_factory=dict, repr=False)
+    _pip_copies: dict[tuple[str, bool], tuple[str, bytes] | None] = field(default_factory=dict, repr=False)
+    wheel: ReleaseWheel | None = None  # takeover: pip's bytes from the release's wheel where no backup holds them
 
     @property
     def kind(self) -> str:
@@ -170,13 +175,18 @@ class State:
             found[relpath] = data
         return found
 
-    def pip_copy(self, relpath: str) -> tuple[str, bytes] | None:
-        """The sibling backup of ``relpath`` (another tool's) that holds exactly what pip installed, if any."""
+    def pip_copy(self, relpath: str, wheel: bool = True) -> tuple[str, bytes] | None:
+        """(where from, bytes) of exactly what pip installed at ``relpath``: the sibling backup (another tool's)
+        that holds them, else (``wheel``, when the command reads it) the release's wheel; None when neither does."""
         from patch_dsv4.takeover import record_backup
 
-        if relpath not in self._pip_copies:
-            self._pip_copies[relpath] = record_backup(self.env, relpath)
-        return self._pip_copies[relpath]
+        key = (relpath, wheel and self.wheel is not None)
+        if key not in self._pip_copies:
+            found = record_backup(self.env, relpath)
+            if found is None and key[1]:
+                found = self.wheel.pip_copy(relpath)
+            self._pip_copies[key] = found
+        return self._pip_copies[key]
 
     def recorded_judgement_holds(self) -> bool:
         """Whether the judgement recorded at the last write still vouches for this tree (verify's fast path)."""

@@ -6,7 +6,9 @@ touch a file backs up what pip installed; a later script's backup of the same
 file holds the earlier script's edit. So a backup is chosen by its hash
 against pip's RECORD, never by its name: any regular file beside the edited
 one whose name starts with the file's name and whose sha256 is the one RECORD
-lists. Nothing here writes: planning (:mod:`patch_dsv4.planning`) uses these, the transaction commits.
+lists. Where no backup holds them (kits that keep none), ``takeover`` reads them from the release's own wheel
+(:mod:`patch_dsv4.release_wheel`). Nothing here writes: planning (:mod:`patch_dsv4.planning`) uses these, the
+transaction commits.
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ from patch_dsv4.verdicts import Verdict
 if TYPE_CHECKING:
     from patch_dsv4.judge import Judgement
 
-#: relpath -> (backup name, pip's bytes) of the sibling backup that holds what pip installed, or None
-PipCopy = Callable[[str], "tuple[str, bytes] | None"]
+#: (relpath, wheel) -> (where from, pip's bytes): the sibling backup that holds what pip installed, else (``wheel``
+#: and the command reads it) the release's wheel; None when neither does
+PipCopy = Callable[..., "tuple[str, bytes] | None"]
 
 
 @dataclass(frozen=True)
@@ -32,8 +35,8 @@ class Restore:
     """One foreign-edited file and the sibling backup whose bytes are pip's."""
 
     relpath: str
-    backup: str | None  # the backup's file name beside it; None when none matches RECORD
-    data: bytes | None  # the backup's bytes (pip's); None when none matches
+    backup: str | None  # where pip's bytes come from: the backup's file name beside it, or the release wheel
+    data: bytes | None  # pip's bytes; None when neither a backup nor the wheel holds them
     scripts: tuple[str, ...]  # the tools whose edits were recognised in it
 
 
@@ -45,6 +48,12 @@ def foreign_files(judgement: Judgement) -> dict[str, tuple[str, ...]]:
             if outcome.verdict is Verdict.FOREIGN:
                 found.setdefault(edit.file, {})[outcome.foreign or "another tool"] = None
     return {rel: tuple(scripts) for rel, scripts in sorted(found.items())}
+
+
+def kept_edits(judgement: Judgement) -> list[str]:
+    """The other tools' edits patch-dsv4 has no equivalent for, found where the patches read: takeover leaves
+    them in place ("<file>: <script> (<tool>)")."""
+    return sorted({who for pairs in judgement.outcomes.values() for _, outcome in pairs for who in outcome.kept})
 
 
 def foreign_patches(judgement: Judgement) -> set[str]:
@@ -86,7 +95,8 @@ def plan_restores(judgement: Judgement, pip_copy: PipCopy, also: Iterable[str] =
 
     ``also`` are other files the patches edit that differ from RECORD: each is
     restored too where a backup beside it holds pip's bytes (another tool's
-    backup: its edit is saved, as the recognised ones are), else left alone.
+    backup: its edit is saved, as the recognised ones are), else left alone
+    (never from the wheel: an edit nobody recognised is not taken over on a guess).
     """
     restores = []
     foreign = foreign_files(judgement)
@@ -94,16 +104,21 @@ def plan_restores(judgement: Judgement, pip_copy: PipCopy, also: Iterable[str] =
         found = pip_copy(relpath)
         restores.append(Restore(relpath, found[0] if found else None, found[1] if found else None, scripts))
     for relpath in sorted(set(also) - set(foreign)):
-        found = pip_copy(relpath)
+        found = pip_copy(relpath, wheel=False)
         if found is not None:
             restores.append(Restore(relpath, found[0], found[1], ("an edit patch-dsv4 does not recognise",)))
     return restores
 
 
 def takeover_next(env: Environment, judgement: Judgement, pip_copy: PipCopy) -> str:
-    """The one command that moves a tree with other tools' edits to ours: takeover, or a reinstall where no
-    backup holds pip's bytes."""
-    restores = plan_restores(judgement, pip_copy)
+    """The one command that moves a tree with other tools' edits to ours: takeover, or a reinstall where neither a
+    backup nor the release's wheel can hold pip's bytes (nothing is fetched to decide it)."""
+    from patch_dsv4.release_wheel import unobtainable
+
+    restores = plan_restores(judgement, lambda relpath, wheel=True: pip_copy(relpath, wheel=False))
+    command = f"patch-dsv4 takeover{env.target.args()}"
     if restores and all(r.data is not None for r in restores):
-        return f"patch-dsv4 takeover{env.target.args()} (saves the edited files, restores pip's from their backups)"
+        return f"{command} (saves the edited files, restores pip's from their backups)"
+    if restores and unobtainable(env.vllm_version) is None:
+        return f"{command} (saves the edited files, restores pip's from backups or the vllm=={env.vllm_version} wheel)"
     return env.reinstall_then()

@@ -37,7 +37,8 @@ class Outcome:
 
     ``variant`` is set for PENDING and APPLIED: the index of the edit's
     (anchor, replacement) variant that matched; ``foreign`` for FOREIGN: the
-    script whose edit stands there.
+    script whose edit stands there; ``kept`` for any verdict: the other tools'
+    edits (with no equivalent here) its judgement read, which stay where they are.
     """
 
     verdict: Verdict
@@ -46,6 +47,7 @@ class Outcome:
     expected: str | None = None
     found: str | None = None
     foreign: str | None = None
+    kept: tuple[str, ...] = ()  # "<file>: <script> (<tool>)": other tools' edits read, which patch-dsv4 leaves alone
 
     @classmethod
     def upstream(cls, evidence: str) -> Outcome:

@@ -32,6 +32,7 @@ import ast
 from patch_dsv4.edits import ForeignEdit, ReplaceStatements, Variant, mentions_injected
 from patch_dsv4.fingerprint import find_scope
 from patch_dsv4.patch import Context, Example, Patch, Scope
+from patch_dsv4.patches import miaai_kit
 from patch_dsv4.patches._v41 import in_layouts
 from patch_dsv4.verdicts import Outcome, Verdict
 
@@ -134,7 +135,8 @@ class AuxStreams(Patch):
             variants=(Variant(ANCHOR, REPLACEMENT, releases="0.28.0-0.33.0"),),
             helpers=(_patch_dsv4_aux_streams_off,),
             probe=_upstream_switch(cls),
-            foreign=(LNA_AUX_STREAMS,),
+            foreign=(LNA_AUX_STREAMS, miaai_kit.SERIAL_STREAMS_SWITCH),
+            kept=tuple(other for other in miaai_kit.V41_EXL3_LOADING if other.file == file),
         )
         for what, file, cls in (
             ("target model", MODEL, "DeepseekV4Model"),

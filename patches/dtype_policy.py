@@ -32,6 +32,7 @@ import ast
 from patch_dsv4.edits import ForeignEdit, ReplaceStatements, Variant
 from patch_dsv4.fingerprint import find_scope
 from patch_dsv4.patch import INJECTED_PREFIX, Context, Example, Patch, Scope
+from patch_dsv4.patches import miaai_kit
 from patch_dsv4.patches._v41 import in_layouts
 from patch_dsv4.verdicts import Outcome, Verdict
 
@@ -106,11 +107,18 @@ def _patch_dsv4_bf16_o_proj(layer, o, positions):
 
 
 def _compares_wo_a_dtype_with_fp8(node: ast.AST) -> bool:
-    """Whether ``node`` holds a comparison of some ``wo_a``'s weight dtype with FP8."""
+    """Whether ``node`` holds a comparison of some ``wo_a``'s weight dtype with FP8: ``wo_a.weight.dtype``, or
+    the dtype of a name bound to ``wo_a.weight`` or ``getattr(wo_a, "weight", ...)`` (MiaAI's kit reads it so)."""
+    weights = {"wo_a.weight"}
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Assign) and len(sub.targets) == 1 and isinstance(sub.targets[0], ast.Name):
+            value = ast.unparse(sub.value)
+            if value.endswith("wo_a.weight") or (value.startswith("getattr(") and "wo_a, 'weight'" in value):
+                weights.add(sub.targets[0].id)
     for sub in ast.walk(node):
         if isinstance(sub, ast.Compare):
             sides = [ast.unparse(side) for side in (sub.left, *sub.comparators)]
-            if any(s.endswith("wo_a.weight.dtype") for s in sides) and "torch.float8_e4m3fn" in sides:
+            if any(s.endswith(f"{w}.dtype") for s in sides for w in weights) and "torch.float8_e4m3fn" in sides:
                 return True
     return False
 
@@ -235,6 +243,7 @@ class DtypePolicy(Patch):
             helpers=(_patch_dsv4_bf16_o_proj,),
             probe=_upstream_checks_dtype(cls, file if v41 else None),
             foreign=(LNA_DENSE_EXL3, RECIPE_STOCK028),
+            kept=(miaai_kit.EXL3_O_PROJ,),
         )
         for v41, classes in ((False, ATTENTION_CLASSES), (True, V41_ATTENTION_CLASSES))
         for what, file, cls in classes

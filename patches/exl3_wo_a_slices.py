@@ -35,6 +35,7 @@ import re
 
 from patch_dsv4.edits import ForeignEdit, ReplaceStatements, Variant, injected_names, mentions_injected
 from patch_dsv4.patch import Context, Example, Patch, Scope
+from patch_dsv4.patches import miaai_kit
 from patch_dsv4.patches._v41 import in_layouts
 from patch_dsv4.verdicts import Outcome, Verdict
 
@@ -147,7 +148,7 @@ class Exl3WoASlices(Patch):
             variants=(Variant(ANCHOR, REPLACEMENT, releases=releases),),
             helpers=(_patch_dsv4_wo_a_slice_mapping,),
             probe=_upstream_slices(file),
-            foreign=(LNA_SLICES,),
+            foreign=(LNA_SLICES, miaai_kit.V41_WO_A_SLICES),
         )
         for label, file, releases in (
             ("load_weights maps attn.wo_a.slice.G to wo_a, shard G", MODEL, "0.28.0-0.33.0"),

@@ -48,6 +48,7 @@ from packaging.version import InvalidVersion, Version
 from patch_dsv4.edits import ForeignEdit, ReplaceStatements, Variant, helper_source, indent, mentions_injected
 from patch_dsv4.fingerprint import find_scope
 from patch_dsv4.patch import Context, Example, Patch, Scope
+from patch_dsv4.patches import miaai_kit
 from patch_dsv4.patches._v41 import V41_CONFIG, in_layouts
 from patch_dsv4.verdicts import Outcome, Verdict
 
@@ -601,6 +602,7 @@ class WideSwa(Patch):
             helpers=HELPERS,
             probe=_upstream_or_narrow,
             foreign=(RECIPE_WIDE_SWA,),
+            kept=(miaai_kit.TEXT_ONLY_WINDOW,),
         ),
         *(
             ReplaceStatements(
@@ -611,6 +613,7 @@ class WideSwa(Patch):
                 helpers=V41_HELPERS,
                 probe=_v41_upstream_or_narrow,
                 foreign=(RECIPE_WIDE_SWA,),
+                kept=(miaai_kit.TEXT_ONLY_WINDOW,),
             )
             for file, tag in in_layouts("nvidia/flashinfer_sparse.py")
         ),

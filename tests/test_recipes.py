@@ -17,7 +17,7 @@ import pytest
 from patch_dsv4 import guard
 from patch_dsv4.environment import locate_vllm, record_digest
 from tests import recipe_trees as R
-from tests.releases import content_snapshot, hand_edit
+from tests.releases import content_snapshot, hand_edit, wheel
 
 FLASHINFER = R.FLASHINFER
 MODEL = R.MODEL
@@ -188,16 +188,23 @@ def test_a_chain_of_scripts_is_undone_from_the_backup_that_equals_record(make_tr
     _take_over_then_revert(cli, tree, edited)
 
 
-def test_no_backup_of_pips_bytes_means_a_reinstall(make_tree, cli):
+def test_no_backup_of_pips_bytes_takes_over_from_the_wheel(make_tree, cli, monkeypatch, tmp_path):
+    """Without a backup the bytes come from the release's wheel (the tests' cache, offline); without the wheel
+    either, a reinstall is the way out, and nothing is written."""
     tree = make_tree("0.30.0")
     R.apply_wide_swa(tree, "0.30.0")
     (tree / (FLASHINFER + ".orig-wideswa")).unlink()
     status = cli("status", "--site-packages", tree, "--json")
-    assert "pip install --no-deps --force-reinstall" in status.json()["next"]
+    assert "takeover" in status.json()["next"] and "vllm==0.30.0 wheel" in status.json()["next"]
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PATCH_DSV4_CACHE", str(tmp_path / "empty"))
     before = content_snapshot(tree)
     refused = cli("takeover", "--site-packages", tree)
     assert refused.code == 1 and "no backup beside it" in refused.stderr and "vllm==0.30.0" in refused.stderr
+    assert "release wheel cannot serve" in refused.stderr and "--force-reinstall" in refused.stderr
     assert content_snapshot(tree) == before
+    monkeypatch.setenv("PATCH_DSV4_CACHE", str(wheel("vllm", "0.30.0").parent.parent))
+    _take_over_then_revert(cli, tree, [FLASHINFER])
 
 
 def test_takeover_on_a_clean_tree_applies(make_tree, cli):
