@@ -211,6 +211,7 @@ def test_the_kit_on_the_nightly_layout(make_tree, cli, release_wheels):
     assert slices["verdict"] == "foreign" and slices["foreign"] == "patch_exl3_lm_head.py"
     asked = cli("apply", "--site-packages", tree, "--with", "exl3-wo-a-slices")
     assert asked.code == 1 and "another tool's edit" in asked.stderr
+    assert f"next: patch-dsv4 apply --site-packages {tree} (the other tool's edits stay" in asked.stderr
     before = content_snapshot(tree, "vllm")
     refused = cli("takeover", "--site-packages", tree)
     assert refused.code == 1 and f"cannot take over {M.V41_MODEL}" in refused.stderr
