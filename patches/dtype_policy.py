@@ -164,11 +164,9 @@ def _upstream_checks_dtype(cls: str, file: str | None = None):
             via = f" (through {found[0][0]} of {found[0][1]})"
         op = ctx.scope(O_PROJ, None, SHARED_OP)
         if op is not None and _compares_wo_a_dtype_with_fp8(op):
+            # one sentence for every class that reaches the op the same way (status prints it once)
             return Outcome.upstream(
-                f"{O_PROJ}: {SHARED_OP}, which {cls}._o_proj calls{via}, takes a BF16 path "
-                "when wo_a.weight.dtype is not torch.float8_e4m3fn"
-                if file is not None
-                else f"{O_PROJ}: {SHARED_OP}, which the attention classes call, takes a BF16 path "
+                f"{O_PROJ}: {SHARED_OP}, which the attention classes call{via}, takes a BF16 path "
                 "when wo_a.weight.dtype is not torch.float8_e4m3fn"
             )
         return None
