@@ -32,7 +32,7 @@ import ast
 from patch_dsv4.edits import ForeignEdit, ReplaceStatements, Variant
 from patch_dsv4.fingerprint import find_scope
 from patch_dsv4.patch import INJECTED_PREFIX, Context, Example, Patch, Scope
-from patch_dsv4.patches._v41 import in_layouts
+from patch_dsv4.patches._v41 import imported_from, in_layouts
 from patch_dsv4.verdicts import Outcome, Verdict
 
 FLASHINFER = "vllm/models/deepseek_v4/nvidia/flashinfer_sparse.py"
@@ -125,17 +125,6 @@ def _calls(node: ast.AST, name: str) -> bool:
     )
 
 
-def _imported_from(tree: ast.Module, file: str, name: str) -> str | None:
-    """The vLLM file ``name`` is imported from at module level of ``file`` (None: not imported from vLLM)."""
-    for node in tree.body:
-        if isinstance(node, ast.ImportFrom) and any(a.name == name and a.asname is None for a in node.names):
-            package = file.split("/")[: -node.level] if node.level else []
-            module = "/".join([*package, *(node.module or "").split(".")]).strip("/")
-            if module.split("/")[0] == "vllm":
-                return module + ".py"
-    return None
-
-
 def _upstream_checks_dtype(cls: str, file: str | None = None):
     """Upstream where the class checks wo_a's dtype, or calls the shared op that does. With ``file`` (V4.1), a
     call of a vLLM function imported into the file that calls the shared op counts as a call of it."""
@@ -154,7 +143,7 @@ def _upstream_checks_dtype(cls: str, file: str | None = None):
             wrappers = [
                 (name, source)
                 for name in called
-                if file is not None and (source := _imported_from(tree, file, name)) is not None
+                if file is not None and (source := imported_from(tree, file, name)) is not None
             ]
             found = [
                 (n, src) for n, src in wrappers if (f := ctx.scope(src, None, n)) is not None and _calls(f, SHARED_OP)
