@@ -248,7 +248,15 @@ def _evidence(patch: dict, verbose: bool) -> list[str]:
     sentences = [e["detail"] for e in patch["edits"] if verbose or e["verdict"] == patch["verdict"]] or [
         patch["detail"]
     ]
-    return _merge_shared_reasons(list(dict.fromkeys(s.replace(PACKAGE_PREFIX, "") for s in sentences if s)))
+    return _merge_shared_reasons(list(dict.fromkeys(_short_paths_in(s) for s in sentences if s)))
+
+
+def _short_paths_in(sentence: str) -> str:
+    """A sentence with every model-package path in the short form :func:`short_path` gives."""
+    sentence = sentence.replace(PACKAGE_PREFIX, "")
+    for prefix in V41_PREFIXES:
+        sentence = sentence.replace(prefix, prefix[len("vllm/models/") :])
+    return sentence
 
 
 def _merge_shared_reasons(sentences: list[str]) -> list[str]:

@@ -116,6 +116,9 @@ def takeover_next(env: Environment, judgement: Judgement, pip_copy: PipCopy) -> 
     from patch_dsv4.release_wheel import unobtainable
 
     restores = plan_restores(judgement, lambda relpath, wheel=True: pip_copy(relpath, wheel=False))
+    kept = kept_edits(judgement)
+    if any(who.startswith(f"{r.relpath}: ") for r in restores for who in kept):  # takeover would refuse that file
+        return f"patch-dsv4 apply{env.target.args()} (the other tool's edits stay where patch-dsv4 never removes one)"
     command = f"patch-dsv4 takeover{env.target.args()}"
     if restores and all(r.data is not None for r in restores):
         return f"{command} (saves the edited files, restores pip's from their backups)"

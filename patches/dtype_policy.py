@@ -33,7 +33,7 @@ from patch_dsv4.edits import ForeignEdit, ReplaceStatements, Variant
 from patch_dsv4.fingerprint import find_scope
 from patch_dsv4.patch import INJECTED_PREFIX, Context, Example, Patch, Scope
 from patch_dsv4.patches import miaai_kit
-from patch_dsv4.patches._v41 import in_layouts
+from patch_dsv4.patches._v41 import imported_from, in_layouts
 from patch_dsv4.verdicts import Outcome, Verdict
 
 FLASHINFER = "vllm/models/deepseek_v4/nvidia/flashinfer_sparse.py"
@@ -133,17 +133,6 @@ def _calls(node: ast.AST, name: str) -> bool:
     )
 
 
-def _imported_from(tree: ast.Module, file: str, name: str) -> str | None:
-    """The vLLM file ``name`` is imported from at module level of ``file`` (None: not imported from vLLM)."""
-    for node in tree.body:
-        if isinstance(node, ast.ImportFrom) and any(a.name == name and a.asname is None for a in node.names):
-            package = file.split("/")[: -node.level] if node.level else []
-            module = "/".join([*package, *(node.module or "").split(".")]).strip("/")
-            if module.split("/")[0] == "vllm":
-                return module + ".py"
-    return None
-
-
 def _upstream_checks_dtype(cls: str, file: str | None = None):
     """Upstream where the class checks wo_a's dtype, or calls the shared op that does. With ``file`` (V4.1), a
     call of a vLLM function imported into the file that calls the shared op counts as a call of it."""
@@ -162,7 +151,7 @@ def _upstream_checks_dtype(cls: str, file: str | None = None):
             wrappers = [
                 (name, source)
                 for name in called
-                if file is not None and (source := _imported_from(tree, file, name)) is not None
+                if file is not None and (source := imported_from(tree, file, name)) is not None
             ]
             found = [
                 (n, src) for n, src in wrappers if (f := ctx.scope(src, None, n)) is not None and _calls(f, SHARED_OP)
@@ -172,11 +161,9 @@ def _upstream_checks_dtype(cls: str, file: str | None = None):
             via = f" (through {found[0][0]} of {found[0][1]})"
         op = ctx.scope(O_PROJ, None, SHARED_OP)
         if op is not None and _compares_wo_a_dtype_with_fp8(op):
+            # one sentence for every class that reaches the op the same way (status prints it once)
             return Outcome.upstream(
-                f"{O_PROJ}: {SHARED_OP}, which {cls}._o_proj calls{via}, takes a BF16 path "
-                "when wo_a.weight.dtype is not torch.float8_e4m3fn"
-                if file is not None
-                else f"{O_PROJ}: {SHARED_OP}, which the attention classes call, takes a BF16 path "
+                f"{O_PROJ}: {SHARED_OP}, which the attention classes call{via}, takes a BF16 path "
                 "when wo_a.weight.dtype is not torch.float8_e4m3fn"
             )
         return None

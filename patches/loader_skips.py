@@ -237,7 +237,7 @@ def _v41_passes_over_the_vision_tower(file: str):
                     if isinstance(key, ast.Constant) and isinstance(item, ast.Constant) and item.value is None
                 }
                 if set(VISION_PREFIXES) <= dropped:
-                    found.append(f"{V41_TEXT_CLASS}'s weight mapper maps vision., aligner. and image_ to None")
+                    found.append("its weight mapper")
         loader = ctx.scope(file, "DeepseekV4Model", "load_weights")
         for node in ast.walk(loader) if loader is not None else ():
             if (
@@ -246,9 +246,11 @@ def _v41_passes_over_the_vision_tower(file: str):
                 and "startswith" in ast.unparse(node.test)
                 and any(isinstance(s, ast.Continue) for s in node.body)
             ):
-                found.append("DeepseekV4Model.load_weights skips names starting with vision., aligner. or image_")
+                found.append("DeepseekV4Model.load_weights")
         if found:
-            return Outcome.upstream(f"{file}: " + "; ".join(found))
+            return Outcome.upstream(
+                f"{file}: {V41_TEXT_CLASS} drops vision., aligner. and image_ itself ({' and '.join(found)})"
+            )
         return None
 
     return probe

@@ -29,7 +29,7 @@ import ast
 from patch_dsv4.edits import ForeignEdit, ReplaceStatements, Variant
 from patch_dsv4.fingerprint import find_scope
 from patch_dsv4.patch import Context, Example, Patch, Scope
-from patch_dsv4.patches._v41 import in_layouts
+from patch_dsv4.patches._v41 import imported_from, in_layouts
 from patch_dsv4.verdicts import Outcome, Verdict
 
 VL_MODEL = "vllm/models/deepseek_v4/common/vl_model.py"
@@ -75,13 +75,7 @@ def _helper_source_file(tree: ast.Module, file: str) -> str | None:
     """Where the file takes the upstream helper from: itself, or the vLLM module it imports it from (None: neither)."""
     if any(isinstance(n, ast.FunctionDef) and n.name == UPSTREAM_HELPER for n in tree.body):
         return file
-    for node in tree.body:
-        if isinstance(node, ast.ImportFrom) and any(a.name == UPSTREAM_HELPER and a.asname is None for a in node.names):
-            package = file.split("/")[: -node.level] if node.level else []
-            module = "/".join([*package, *(node.module or "").split(".")]).strip("/")
-            if module.split("/")[0] == "vllm":
-                return module + ".py"
-    return None
+    return imported_from(tree, file, UPSTREAM_HELPER)
 
 
 def _upstream_streams(file: str, cls: str = VISION_CLASS):

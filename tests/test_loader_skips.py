@@ -24,7 +24,7 @@ def test_upstream_names_its_evidence(version, make_tree, cli):
     assert (vision["file"], target["file"], draft["file"]) == (MODEL, MODEL, DSPARK)
     # V4.1's text class (release layout; the nightly one is absent): its own skip is the evidence
     assert [e["verdict"] for e in v41] == ["upstream", "not-applicable"]
-    assert "DeepseekV4Model.load_weights skips names starting with vision." in v41[0]["detail"]
+    assert "drops vision., aligner. and image_ itself (its weight mapper and DeepseekV4Model" in v41[0]["detail"]
     assert VL_MODEL in vision["detail"] and "DeepseekV4ForConditionalGeneration" in vision["detail"]
     assert "DeepseekV4MoE.__init__ creates gate.bias_vl" in target["detail"], target
     assert DSPARK in draft["detail"] and "DeepseekV4DecoderLayer" in draft["detail"], draft

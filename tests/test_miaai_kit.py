@@ -211,6 +211,7 @@ def test_the_kit_on_the_nightly_layout(make_tree, cli, release_wheels):
     assert slices["verdict"] == "foreign" and slices["foreign"] == "patch_exl3_lm_head.py"
     asked = cli("apply", "--site-packages", tree, "--with", "exl3-wo-a-slices")
     assert asked.code == 1 and "another tool's edit" in asked.stderr
+    assert f"next: patch-dsv4 apply --site-packages {tree} (the other tool's edits stay" in asked.stderr
     before = content_snapshot(tree, "vllm")
     refused = cli("takeover", "--site-packages", tree)
     assert refused.code == 1 and f"cannot take over {M.V41_MODEL}" in refused.stderr
@@ -241,3 +242,23 @@ def test_the_dtype_probe_follows_a_name_bound_to_wo_a_weight(body, counts):
     from patch_dsv4.patches.dtype_policy import _compares_wo_a_dtype_with_fp8
 
     assert _compares_wo_a_dtype_with_fp8(ast.parse(body)) is counts
+
+
+def test_a_local_build_keeps_the_reinstall_advice_with_its_reason(make_tree, cli, release_wheels):
+    """An image's own build (a local version) has no wheel on any index: nothing is fetched, nothing written."""
+    tree = make_tree("0.30.0")
+    M.apply_sm120_block64(tree, "0.30.0")
+    local = "0.1.dev20904+g179dd0fa9"
+    dist_info = tree / f"vllm-{local}.dist-info"
+    (tree / "vllm-0.30.0.dist-info").rename(dist_info)
+    metadata = (dist_info / "METADATA").read_text().replace("Version: 0.30.0\n", f"Version: {local}\n", 1)
+    (dist_info / "METADATA").unlink()
+    (dist_info / "METADATA").write_text(metadata)
+    status = cli("status", "--site-packages", tree, "--json")
+    assert status.json()["vllm_version"] == local
+    before = content_snapshot(tree, "vllm")
+    refused = cli("takeover", "--site-packages", tree)
+    err = " ".join(line.removeprefix("patch-dsv4:").strip() for line in refused.stderr.splitlines())
+    assert refused.code == 1 and f"vLLM {local} is a local build (+g179dd0fa9): no index serves its wheel" in err
+    assert f"next: pip install --no-deps --force-reinstall --upgrade --target {tree} vllm=={local}" in err
+    assert content_snapshot(tree, "vllm") == before

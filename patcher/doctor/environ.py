@@ -200,7 +200,8 @@ def attention_aux_streams(ctx: DoctorContext) -> Row:
     """EXL3 attention linears must stay off vLLM's DeepSeek-V4 auxiliary streams.
 
     WARN when attention linears are EXL3 unless the aux-streams patch is applied
-    and PATCH_DSV4_AUX_STREAMS=0 (or lna-lab's LNA_DSV4_AUX_STREAMS=0) is set:
+    and PATCH_DSV4_AUX_STREAMS=0 (or lna-lab's LNA_DSV4_AUX_STREAMS=0, or MiaAI-Lab's
+    DSV41_EXL3_SERIAL_STREAMS=1) is set:
     vLLM has no setting of its own for it. Evidence: L README.md:62;
     S notes/lna-lab-exl3.md §1 (G), §4.
     """

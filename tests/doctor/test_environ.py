@@ -133,6 +133,17 @@ def test_patch_dsv4_switch_counts_like_lna_labs(tmp_path):
     assert check_row(deployment.context(), "env.aux-streams").status == "pass"
 
 
+@pytest.mark.parametrize("value,status", [("1", "pass"), ("0", "warn")])
+def test_miaai_serial_streams_switch_counts_when_1(tmp_path, value, status):
+    deployment = lna_lab(tmp_path)
+    del deployment.environ["LNA_DSV4_AUX_STREAMS"]
+    deployment.environ["DSV41_EXL3_SERIAL_STREAMS"] = value
+    row = check_row(deployment.context(), "env.aux-streams")
+    assert row.status == status
+    if status == "pass":
+        assert "DSV41_EXL3_SERIAL_STREAMS=1" in row.detail
+
+
 # --- env.graphs-autotune -----------------------------------------------------------------------
 
 
