@@ -15,10 +15,14 @@ anchors/ and whose needed edits (per that record) are exactly the files the
 state says we wrote.
 """
 
-import hashlib
 import os
 import posixpath
 import stat
+
+try:  # hashlib.sha256 itself where OpenSSL has it, without hashlib's set-up of every other algorithm (0.7 ms)
+    from _hashlib import openssl_sha256 as sha256
+except ImportError:
+    from hashlib import sha256
 
 from patch_dsv4.manifest_rules import READABLE_SCHEMAS, InvalidManifest, check_manifest
 
@@ -380,7 +384,7 @@ class Hasher:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode) or st.st_size > _SOURCE_LIMIT:
                 return None
-            digest = hashlib.sha256()
+            digest = sha256()
             while chunk := os.read(fd, 1 << 20):
                 digest.update(chunk)
             return digest.hexdigest()
@@ -407,14 +411,14 @@ def patch_digest() -> str:
     root = os.path.dirname(os.path.abspath(patch_dsv4.__file__))
     site = os.path.dirname(root) + os.sep
     installed = _installed_hashes(os.path.join(site, f"{os.path.basename(root)}-{__version__}.dist-info", "RECORD"))
-    digest = hashlib.sha256(__version__.encode())
+    digest = sha256(__version__.encode())
     for directory in (root, os.path.dirname(os.path.abspath(patches.__file__))):
         for name in sorted(n for n in os.listdir(directory) if n.endswith(".py")):
             path = os.path.join(directory, name)
             sha = _recorded_sha(installed, path[len(site) :].replace(os.sep, "/"), path) if installed else None
             if sha is None:
                 with open(path, "rb") as fh:
-                    sha = _record_form(hashlib.sha256(fh.read()).digest())
+                    sha = _record_form(sha256(fh.read()).digest())
             digest.update(f"{name}\0{sha}\0".encode())
     return digest.hexdigest()
 
