@@ -21,18 +21,24 @@ The venv is left as it was found: the state is reverted, the throwaway plugin re
 
     python bench/bench_guard.py [--version 0.30.0] [--repeat 5] [--skip-callers]
 
-``--tree`` measures the guard's first call without the real venv (no torch, nothing installed anywhere): a
-writable copy of the release's installed tree (tests/releases.py) is applied, then each fresh interpreter
-(``python -I``) registers that tree's ``vllm/`` as the imported vLLM and times ``import patch_dsv4.guard`` plus
-``check()``, wall and CPU: in a bare interpreter (every module the guard needs counted), and after the standard
-library modules a vLLM process has imported before it calls its plugins (logging, json, hashlib, re, fcntl).
+``--tree`` measures the guard's first call without the real venv (no torch, nothing installed anywhere but in a
+temporary directory): the checkout is installed from its wheel into a directory of its own (as pip installs it in an
+image: bytecode compiled, RECORD beside it), a writable copy of the release's installed tree (tests/releases.py) is
+applied with it, and each fresh interpreter (``python -I`` of a venv with nothing installed: a cold interpreter)
+registers that tree's ``vllm/`` as the imported vLLM and times ``import patch_dsv4.guard`` plus ``check()``, wall
+and CPU, with PATCH_DSV4_GUARD=strict (any problem would stop the run): without and with PATCH_DSV4_EXPECT (the
+tree's own fingerprint: the guard computes and compares it), in a bare interpreter (every module the guard needs
+counted) and after the standard library modules a vLLM process has imported before it calls its plugins (logging,
+json, hashlib, re, fcntl). ``--against CHECKOUT`` measures another checkout (e.g. a worktree of main) the same way,
+interleaved with this one run by run, so that the machine's load falls on both alike.
 
-    python bench/bench_guard.py --tree [--version 0.30.0] [--repeat 20]
+    python bench/bench_guard.py --tree [--version 0.30.0] [--repeat 30] [--against /tmp/guard-base]
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import os
 import statistics
@@ -44,8 +50,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.integration import venvs  # noqa: E402 - the checkout must be on sys.path first
-from tests.integration.conftest import RealVenv  # noqa: E402 - the checkout must be on sys.path first
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from tests.integration.conftest import RealVenv
 
 MARK = "PATCH_DSV4_BENCH="
 TIMING = (
@@ -70,70 +77,155 @@ print(MARK + json.dumps({"import_vllm": t1 - t0, "import_guard": t2 - t1, "check
 )
 
 # The first call in a fresh interpreter: the tree's vllm/ stands for the imported vLLM (the guard reads its path).
-# argv: the tree, then the standard library modules to import first (a vLLM process has them already).
+# argv: the directory patch_dsv4 is installed in, the tree, then the standard library modules to import first.
 COLD = (
     f"MARK = {MARK!r}\n"
     + r"""
-import sys, time, types
-tree = sys.argv[1]
-for name in sys.argv[2:]:
+import sys, time
+installed, tree = sys.argv[1:3]
+for name in sys.argv[3:]:
     __import__(name)
-sys.path.insert(0, tree)
-vllm = types.ModuleType("vllm")
+sys.path[:0] = [installed, tree]
+before = set(sys.modules)
+vllm = type(sys)("vllm")
 vllm.__file__ = tree + "/vllm/__init__.py"
 sys.modules["vllm"] = vllm
-before = set(sys.modules)
 t1, c1 = time.perf_counter(), time.process_time()
 import patch_dsv4.guard as guard
 t2 = time.perf_counter()
+guard.check()
+t3, c3 = time.perf_counter(), time.process_time()
+imported = sorted(set(sys.modules) - before - {"vllm"})
 full = []
 judge = guard._full_judgement
 guard._full_judgement = lambda *a: full.append(1) or judge(*a)
-guard.check()
-t3, c3 = time.perf_counter(), time.process_time()
 problems = guard.judge_this_vllm()
-import json
-print(MARK + json.dumps({"import_guard": t2 - t1, "check": t3 - t2, "cpu": c3 - c1, "full_judgement": bool(full),
-                          "modules": len(set(sys.modules) - before),
-                          "problems": [p[0] + " " + p[1] for p in problems]}))
+print(MARK + repr({"import_guard": t2 - t1, "check": t3 - t2, "cpu": c3 - c1, "full_judgement": bool(full),
+                   "modules": imported, "problems": [p[0] + " " + p[1] for p in problems]}))
 """
 )
 # What vLLM has imported before it calls its plugins, of what the guard uses.
 VLLM_PRELOADED = ("logging", "json", "hashlib", "re", "fcntl")
 
 
-def cold_tree(version: str, repeat: int) -> None:
-    """The guard's first call in fresh interpreters on an applied copy of ``version``'s installed tree."""
-    import shutil
+def _install(checkout: Path, into: Path) -> Path:
+    """``checkout`` built and installed as a wheel into ``into`` (as in an image: the package's RECORD beside it)."""
     import subprocess
+
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--target", str(into), "."],
+        cwd=checkout,
+        check=True,
+        env={**os.environ, "PIP_NO_INPUT": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1"},
+    )
+    return into
+
+
+def _with(installed: Path, *args: str) -> str:
+    """``patch-dsv4 ARGS`` run with the patch_dsv4 installed in ``installed`` (this venv's dependencies)."""
+    import subprocess
+
+    env = {**os.environ, "PYTHONPATH": str(installed)}
+    env = {k: v for k, v in env.items() if not k.startswith("PATCH_DSV4_")}
+    code = "import sys, patch_dsv4; assert patch_dsv4.__file__.startswith(sys.argv[1]); sys.argv[1:2] = []; "
+    code += "from patch_dsv4.cli import main; main()"
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(installed), *args], capture_output=True, text=True, env=env, check=False
+    )
+    if proc.returncode:
+        raise SystemExit(f"patch-dsv4 {' '.join(args)} failed (exit {proc.returncode}):\n{proc.stderr[-2000:]}")
+    return proc.stdout.strip()
+
+
+def _trimmed(tree: Path, installed: Path, to: Path) -> Path:
+    """Of an applied tree, what the guard reads (vLLM's dist-info, the state and its lock, the model packages, every
+    file the state or the anchors record names), copied to ``to``: a few MB to carry to another machine."""
+    import shutil
+
+    from patch_dsv4.quick import PACKAGE_DIRS  # this checkout's; the same three in both
+
+    manifest = json.loads((tree / ".patch-dsv4" / "manifest.json").read_text())
+    version = manifest["vllm_version"]
+    record = json.loads((installed / "patch_dsv4" / "anchors" / f"vllm-{version}.json").read_text())
+    (to / ".patch-dsv4").mkdir(parents=True)
+    shutil.copy2(tree / ".patch-dsv4" / "manifest.json", to / ".patch-dsv4" / "manifest.json")
+    for name in (".patch-dsv4.lock",):
+        if (tree / name).exists():
+            shutil.copy2(tree / name, to / name)
+    for folder in [*PACKAGE_DIRS, f"vllm-{version}.dist-info"]:
+        if (tree / folder).is_dir():
+            shutil.copytree(tree / folder, to / folder)
+    for rel in {*manifest["inputs"], *manifest["files"], *record["files"]}:
+        if (tree / rel).is_file() and not (to / rel).exists():
+            (to / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(tree / rel, to / rel)
+    return to
+
+
+def prepare(version: str, checkouts: dict[str, Path], work: Path, trim: bool) -> dict:
+    """Each checkout installed from its wheel and a copy of ``version``'s installed tree applied with it (a state is
+    trusted only by the definitions that wrote it): label -> [installed, tree, fingerprint], paths under ``work``."""
+    import shutil
 
     from tests.releases import copy_tree, pristine_tree
 
-    work = Path(tempfile.mkdtemp(prefix="bench-guard-"))
-    results = {}
+    setups = {}
+    for n, (label, checkout) in enumerate(checkouts.items()):
+        installed = _install(checkout, work / f"installed-{n}")
+        tree = copy_tree(pristine_tree(version), work / f"full-{n}" / "site-packages")
+        _with(installed, "apply", "--site-packages", str(tree), "-q")
+        if trim:
+            tree = _trimmed(tree, installed, work / f"tree-{n}" / "site-packages")
+            shutil.rmtree(work / f"full-{n}")
+        fingerprint = _with(installed, "status", "--fingerprint", "--site-packages", str(tree))
+        setups[label] = [str(installed.relative_to(work)), str(tree.relative_to(work)), fingerprint]
+    (work / "setups.json").write_text(json.dumps({"version": version, "setups": setups}, indent=1))
+    return setups
+
+
+def measure(work: Path, repeat: int) -> None:
+    """The first call in fresh interpreters, every case interleaved, for the setups :func:`prepare` left in ``work``."""
+    import subprocess
+    import venv
+
+    prepared = json.loads((work / "setups.json").read_text())
+    bare = Path(tempfile.mkdtemp(prefix="bench-guard-bare-"))  # a venv with nothing installed: python -I of it
+    results: dict[tuple, list] = {}
     try:
-        tree = copy_tree(pristine_tree(version), work / "site-packages")
-        subprocess.run([sys.executable, "-m", "patch_dsv4", "apply", "--site-packages", str(tree), "-q"], check=True)
-        cases = {"bare interpreter": [], "after vLLM's stdlib imports": list(VLLM_PRELOADED)}
+        venv.create(bare, with_pip=False)
+        cases = {}
+        for label, (installed, tree, fingerprint) in prepared["setups"].items():
+            for expect in (False, True):
+                for preload in ((), VLLM_PRELOADED):
+                    env = {"PATCH_DSV4_GUARD": "strict", "PATH": "/usr/bin:/bin"}
+                    if expect:
+                        env["PATCH_DSV4_EXPECT"] = fingerprint
+                    command = [str(bare / "bin" / "python"), "-I", "-c", COLD, str(work / installed), str(work / tree)]
+                    cases[(label, expect, bool(preload))] = ([*command, *preload], env)
         for i in range(repeat + 1):
-            for label, preload in cases.items():  # interleaved: a load that comes and goes hits both alike
-                proc = subprocess.run(
-                    [sys.executable, "-I", "-c", COLD, str(tree), *preload],
-                    capture_output=True,
-                    text=True,
-                    env={"PATCH_DSV4_GUARD": "warn", "PATH": "/usr/bin:/bin"},
-                )
+            for key, (command, env) in cases.items():  # interleaved: a load that comes and goes hits all alike
+                proc = subprocess.run(command, capture_output=True, text=True, env=env)
                 lines = [line for line in proc.stdout.splitlines() if line.startswith(MARK)]
                 if proc.returncode or not lines:
                     raise SystemExit(f"the timing process failed (exit {proc.returncode}):\n{proc.stderr[-2000:]}")
                 if i:  # the first round warms the page cache and writes the bytecode
-                    results.setdefault(label, []).append(json.loads(lines[-1][len(MARK) :]))
+                    results.setdefault(key, []).append(ast.literal_eval(lines[-1][len(MARK) :]))
     finally:
-        shutil.rmtree(work, ignore_errors=True)
-    print(f"vLLM {version}, applied tree; {repeat} fresh interpreters (python -I) per case after a warm-up round;")
-    print(f"the guard's first call, its imports included; medians (min) in ms; load average {os.getloadavg()[0]:.1f}")
-    print(f"{'case':30} {'import':>8} {'check()':>8} {'wall':>14} {'CPU':>14} modules full")
-    for label, runs in results.items():
+        import shutil
+
+        shutil.rmtree(bare, ignore_errors=True)
+    print(
+        f"vLLM {prepared['version']}, applied tree (PATCH_DSV4_GUARD=strict: it stops on any problem); each checkout "
+        f"installed from its wheel;\n{repeat} fresh interpreters (python -I of a bare venv, Python "
+        f"{sys.version.split()[0]}, {os.cpu_count()} CPUs) per case after a warm-up round, the cases interleaved;\n"
+        f"the guard's first call, its imports included: median (min) in ms; load average {os.getloadavg()[0]:.1f} "
+        "at the end"
+    )
+    print(
+        f"{'checkout':16} {'EXPECT':6} {'interpreter':12} {'import':>6} {'check()':>7} {'wall':>13} {'CPU':>13}  "
+        f"imports full"
+    )
+    for (label, expect, preloaded), runs in results.items():
         wall = [r["import_guard"] + r["check"] for r in runs]
         cpu = [r["cpu"] for r in runs]
 
@@ -141,13 +233,44 @@ def cold_tree(version: str, repeat: int) -> None:
             return f"{statistics.median(values) * 1000:6.1f}"
 
         print(
-            f"{label:30} {med(r['import_guard'] for r in runs):>8} {med(r['check'] for r in runs):>8} "
-            f"{med(wall):>7} ({min(wall) * 1000:4.1f}) {med(cpu):>7} ({min(cpu) * 1000:4.1f}) "
-            f"{runs[-1]['modules']:7} {sum(r['full_judgement'] for r in runs)}/{len(runs)}"
+            f"{label:16} {'set' if expect else '-':6} {'vLLM stdlib' if preloaded else 'bare':12} "
+            f"{med(r['import_guard'] for r in runs)} {med(r['check'] for r in runs):>7} "
+            f"{med(wall)} ({min(wall) * 1000:4.1f}) {med(cpu)} ({min(cpu) * 1000:4.1f})  "
+            f"{len(runs[-1]['modules']):7} {sum(r['full_judgement'] for r in runs)}/{len(runs)}"
         )
-    print(f"reported: {', '.join(results['bare interpreter'][-1]['problems']) or 'nothing'}")
-    bare = statistics.median(r["import_guard"] + r["check"] for r in results["bare interpreter"])
-    print(f"target: first call <= 10 ms (bare interpreter, wall median): {'met' if bare <= 0.010 else 'NOT met'}")
+        if runs[-1]["problems"]:
+            print(f"{'':16} reported: {', '.join(runs[-1]['problems'])}")
+    for label in prepared["setups"]:
+        worst = max(
+            statistics.median(r["import_guard"] + r["check"] for r in results[(label, e, False)]) for e in (0, 1)
+        )
+        bare_modules = sorted(m for m in results[(label, True, False)][-1]["modules"])
+        print(f"{label}: modules the first call imports in a bare interpreter (EXPECT set): {', '.join(bare_modules)}")
+        print(
+            f"{label}: target first call <= 10 ms (bare interpreter, wall median, with and without EXPECT): "
+            f"{'met' if worst <= 0.010 else 'NOT met'} ({worst * 1000:.1f} ms)"
+        )
+
+
+def cold_tree(version: str, repeat: int, against: Path | None, keep: Path | None, prepared: Path | None) -> None:
+    """The guard's first call in fresh interpreters on an applied copy of ``version``'s installed tree, with this
+    checkout (and ``against``, another checkout) installed from a wheel; without and with PATCH_DSV4_EXPECT.
+
+    ``keep``: prepare into that directory (trees trimmed to what the guard reads) and leave it there; ``prepared``:
+    measure what such a directory holds (on another machine: only this script and the standard library needed)."""
+    import shutil
+
+    if prepared is not None:
+        measure(prepared, repeat)
+        return
+    work = keep or Path(tempfile.mkdtemp(prefix="bench-guard-"))
+    try:
+        work.mkdir(parents=True, exist_ok=True)
+        prepare(version, {"this checkout": ROOT, **({against.name: against} if against else {})}, work, bool(keep))
+        measure(work, repeat)
+    finally:
+        if keep is None:
+            shutil.rmtree(work, ignore_errors=True)
 
 
 PROBE_NAME = "patch_dsv4_bench_probe"
@@ -245,14 +368,22 @@ def ms(seconds: float) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--version", default="0.30.0")
-    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--repeat", type=int, help="runs per case (default: 30 with --tree, else 5)")
     parser.add_argument("--skip-callers", action="store_true")
     parser.add_argument("--tree", action="store_true", help="no real venv: a fresh bare interpreter per run")
+    parser.add_argument("--against", type=Path, help="with --tree: another checkout, measured interleaved")
+    parser.add_argument("--keep", type=Path, help="with --tree: prepare into this directory and leave it")
+    parser.add_argument("--prepared", type=Path, help="with --tree: measure what --keep left (nothing is built)")
     args = parser.parse_args()
     if args.tree:
-        cold_tree(args.version, args.repeat)
+        resolved = [p and p.resolve() for p in (args.against, args.keep, args.prepared)]
+        cold_tree(args.version, args.repeat or 30, *resolved)
         return
 
+    from tests.integration import venvs
+    from tests.integration.conftest import RealVenv
+
+    args.repeat = args.repeat or 5
     started = time.monotonic()
     root = venvs.build(args.version)
     venvs.install_this_project(root)

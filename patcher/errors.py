@@ -4,8 +4,6 @@ The CLI prints them as one line on stderr and exits with ``exit_code``; nothing
 else in the code base formats user-facing errors.
 """
 
-from __future__ import annotations
-
 EXIT_OK = 0
 EXIT_NEEDS_ACTION = 1  # verify/drift found work; apply/revert refused
 EXIT_ENVIRONMENT = 2  # usage and environment errors

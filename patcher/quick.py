@@ -2,26 +2,27 @@
 
 Shared by ``verify`` on an applied tree and by the serve guard, which runs in
 every vLLM process: it imports nothing heavy (no libcst, Typer, rich,
-importlib.metadata or packaging), reads the dist-info files directly, and
-answers None whenever it cannot vouch for the recorded verdicts; the caller
-then judges the tree in full.
+importlib.metadata or packaging, and, for a cold interpreter's sake, neither
+re nor json), reads the dist-info files directly, and answers None whenever it
+cannot vouch for the recorded verdicts; the caller then judges the tree in
+full.
 
 Recorded verdicts stand only if they were made by these patch definitions (a
-digest of the patch and engine sources), for this vLLM and FlashInfer, from
+digest of the patch and engine sources; installed from a wheel, their sha256
+as RECORD gives them), for this vLLM and FlashInfer, from
 files that all hash as they did, on a build that is a release recorded in
 anchors/ and whose needed edits (per that record) are exactly the files the
 state says we wrote.
 """
 
-from __future__ import annotations
-
-import hashlib
-import json
 import os
 import posixpath
-import re
 import stat
-from functools import lru_cache
+
+try:  # hashlib.sha256 itself where OpenSSL has it, without hashlib's set-up of every other algorithm (0.7 ms)
+    from _hashlib import openssl_sha256 as sha256
+except ImportError:
+    from hashlib import sha256
 
 from patch_dsv4.manifest_rules import READABLE_SCHEMAS, InvalidManifest, check_manifest
 
@@ -29,18 +30,84 @@ STATE_DIR = ".patch-dsv4"
 MANIFEST = "manifest.json"
 LOCK_FILE = ".patch-dsv4.lock"  # patch_dsv4.state takes it; the fast paths only look
 _SOURCE_LIMIT = 32 << 20
-_NAME_RE = re.compile(r"[-_.]+")
+
+
+# -- JSON without the json package --------------------------------------------------------
+# Importing json costs a cold interpreter about 1 ms (its decoder and encoder compile regular expressions at import);
+# the fast paths read two small documents and write one canonical text, so they call the C functions json itself
+# uses (json.decoder's scanner, json.encoder's string escaping) and import json only where those are missing.
+class _Strict:
+    """What json's C scanner reads from its context: json.loads's defaults."""
+
+    strict, object_hook, object_pairs_hook = True, None, None
+    parse_float, parse_int = float, int
+
+    @staticmethod
+    def parse_constant(name: str) -> float:
+        return float(name.replace("Infinity", "inf"))  # NaN, Infinity, -Infinity, as json.loads reads them
+
+
+_WHITESPACE = " \t\n\r"  # json's WHITESPACE
+
+
+def loads(data: bytes):
+    """json.loads(data): the same values, and json's own ValueError for data that is not one UTF-8 JSON document."""
+    try:
+        from _json import make_scanner
+
+        text = data.decode("utf-8")
+        value, end = make_scanner(_Strict)(text, len(text) - len(text.lstrip(_WHITESPACE)))
+        if not text[end:].strip(_WHITESPACE) and not text.startswith("\ufeff"):
+            return value
+    except (ImportError, UnicodeDecodeError, StopIteration):
+        pass
+    import json  # no C scanner, another encoding, or no document: json says what it makes of it
+
+    return json.loads(data)
+
+
+def dumps(value) -> str:
+    """json.dumps(value, sort_keys=True, separators=(",", ":")) for str, int, bool, None, lists, tuples and dicts with
+    str keys (TypeError for anything else)."""
+    try:
+        from _json import encode_basestring_ascii as quote_string
+    except ImportError:
+        import json
+
+        return json.dumps(value, sort_keys=True, separators=(",", ":"))
+    return _dumps(value, quote_string)
+
+
+def _dumps(value, quote_string) -> str:
+    if isinstance(value, str):
+        return quote_string(value)
+    if value is None or isinstance(value, bool):
+        return {None: "null", True: "true", False: "false"}[value]
+    if isinstance(value, int):
+        return int.__repr__(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(_dumps(item, quote_string) for item in value) + "]"
+    if isinstance(value, dict) and all(isinstance(key, str) for key in value):
+        items = sorted(value.items())
+        return "{" + ",".join(quote_string(k) + ":" + _dumps(v, quote_string) for k, v in items) + "}"
+    raise TypeError(f"{type(value).__name__} is not written by patch_dsv4.quick.dumps")
 
 
 def quote(text: str) -> str:
     """A shell word (shlex.quote, without importing shlex for it)."""
+    import re  # verify's messages only: re costs a bare interpreter about 6 ms, and the guard needs none of it
+
     if text and re.fullmatch(r"[\w@%+=:,./-]+", text):
         return text
     return "'" + text.replace("'", "'\"'\"'") + "'"
 
 
 def canonical(name: str) -> str:
-    return _NAME_RE.sub("-", name).lower()
+    """The normalised name of a distribution (PEP 503: each run of ``-_.`` one ``-``, lower case), without re."""
+    name = name.lower().replace("_", "-").replace(".", "-")
+    while "--" in name:
+        name = name.replace("--", "-")
+    return name
 
 
 class DistInfo:
@@ -109,10 +176,25 @@ def find_dist(name: str, search_path: list[str]) -> DistInfo | None | bool:
     return None
 
 
-@lru_cache(maxsize=1)
-def _pin_re() -> re.Pattern:
-    """Compiled when first needed (about 1 ms: most environments have FlashInfer installed and never ask)."""
-    return re.compile(r"^flashinfer[-_.]python\s*\(?\s*==\s*([A-Za-z0-9.+!_-]+)\s*\)?\s*$", re.I)
+_VERSION_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789.+!_-")
+
+
+def _pinned_version(spec: str) -> str | None:
+    """X of ``flashinfer-python==X`` (``_`` or ``.`` for ``-``, any case, ``(== X)``, blanks around), else None: the
+    pattern ``^flashinfer[-_.]python\\s*\\(?\\s*==\\s*([A-Za-z0-9.+!_-]+)\\s*\\)?\\s*$`` (re.I), read without
+    re (about 6 ms in a bare interpreter)."""
+    spec = spec.strip()
+    if spec[:10].lower() != "flashinfer" or spec[10:11] not in ("-", "_", ".") or spec[11:17].lower() != "python":
+        return None
+    rest = spec[17:].lstrip()
+    rest = rest[1:].lstrip() if rest.startswith("(") else rest
+    if not rest.startswith("=="):
+        return None
+    rest = rest[2:].lstrip()
+    end = next((i for i, c in enumerate(rest) if c not in _VERSION_CHARS), len(rest))
+    version, rest = rest[:end], rest[end:].lstrip()
+    rest = rest[1:].lstrip() if rest.startswith(")") else rest
+    return version if version and not rest else None
 
 
 def pinned_flashinfer(metadata: str) -> str | None | bool:
@@ -121,12 +203,12 @@ def pinned_flashinfer(metadata: str) -> str | None | bool:
         spec, _, marker = requirement.partition(";")
         if not canonical(spec.split("=")[0].split("(")[0].strip()).startswith("flashinfer-python"):
             continue
-        found = _pin_re().match(spec.strip())
+        found = _pinned_version(spec)
         if found is None:
             return False
         if marker.strip():
             return False
-        return found.group(1)
+        return found
     return None
 
 
@@ -203,7 +285,7 @@ def read_manifest(site_packages: str) -> dict | None:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             return None
         with os.fdopen(fd, "rb", closefd=False) as fh:
-            data = json.loads(fh.read(64 << 20))
+            data = loads(fh.read(64 << 20))
     except (OSError, ValueError, RecursionError):
         return None
     finally:
@@ -234,9 +316,10 @@ def listed_package_files(site) -> list[str]:
     """The Python files of the DeepSeek-V4 and V4.1 packages under ``site`` as they are on disk (links not followed)."""
     found = []
     for package in PACKAGE_DIRS:
-        for current, dirs, files in os.walk(os.path.join(str(site), package)):
+        top = os.path.join(str(site), package)
+        for current, dirs, files in os.walk(top):
             dirs[:] = sorted(d for d in dirs if d != "__pycache__")
-            rel = os.path.relpath(current, str(site)).replace(os.sep, "/")
+            rel = (package + current[len(top) :]).replace(os.sep, "/")  # os.path.relpath(current, site), lexically
             found.extend(f"{rel}/{name}" for name in files if name.endswith(".py"))
     return package_files(found)
 
@@ -301,7 +384,7 @@ class Hasher:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode) or st.st_size > _SOURCE_LIMIT:
                 return None
-            digest = hashlib.sha256()
+            digest = sha256()
             while chunk := os.read(fd, 1 << 20):
                 digest.update(chunk)
             return digest.hexdigest()
@@ -312,22 +395,68 @@ class Hasher:
 
 
 def patch_digest() -> str:
-    """A hash of the patch definitions and of the engine that judges them (their source files).
+    """A hash of the patch definitions and of the engine that judges them: of each source file's name and sha256.
 
     verify's fast path and the guard trust recorded verdicts only if these
-    made them; the package version does not change between commits.
+    made them; the package version does not change between commits. Installed
+    from a wheel, a file's sha256 is the one the package's RECORD gives when
+    the file has RECORD's size for it and was not modified after RECORD was
+    written (else the file is read and hashed): the guard does not read its
+    own sources in every vLLM process.
     """
     import patch_dsv4
     import patch_dsv4.patches as patches
     from patch_dsv4 import __version__
 
-    digest = hashlib.sha256(__version__.encode())
-    for package in (patch_dsv4, patches):
-        directory = os.path.dirname(os.path.abspath(package.__file__))
+    root = os.path.dirname(os.path.abspath(patch_dsv4.__file__))
+    site = os.path.dirname(root) + os.sep
+    installed = _installed_hashes(os.path.join(site, f"{os.path.basename(root)}-{__version__}.dist-info", "RECORD"))
+    digest = sha256(__version__.encode())
+    for directory in (root, os.path.dirname(os.path.abspath(patches.__file__))):
         for name in sorted(n for n in os.listdir(directory) if n.endswith(".py")):
-            with open(os.path.join(directory, name), "rb") as fh:
-                digest.update(name.encode() + b"\0" + fh.read())
+            path = os.path.join(directory, name)
+            sha = _recorded_sha(installed, path[len(site) :].replace(os.sep, "/"), path) if installed else None
+            if sha is None:
+                with open(path, "rb") as fh:
+                    sha = _record_form(sha256(fh.read()).digest())
+            digest.update(f"{name}\0{sha}\0".encode())
     return digest.hexdigest()
+
+
+_B64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"  # RECORD's: base64, URL-safe, unpadded
+
+
+def _record_form(sha: bytes) -> str:
+    """A sha256 as a wheel's RECORD writes it (43 characters of URL-safe base64), without importing base64."""
+    number = int.from_bytes(sha, "big") << 2  # 256 bits, padded to 43 characters of 6 bits
+    return "".join(_B64[(number >> (6 * (42 - i))) & 63] for i in range(43))
+
+
+def _installed_hashes(record: str) -> tuple[dict, int] | None:
+    """The lines of a wheel's RECORD (``path,sha256=...,size``) by path, and RECORD's mtime; None without one (an
+    editable install, a package not installed from a wheel)."""
+    try:
+        with open(record, "rb") as fh:
+            written = os.fstat(fh.fileno()).st_mtime_ns
+            lines = fh.read(1 << 20).decode("utf-8").splitlines()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return {line.partition(",")[0]: line for line in lines if ".py," in line}, written
+
+
+def _recorded_sha(installed: tuple[dict, int], rel: str, path: str) -> str | None:
+    """The sha256 RECORD gives for ``rel`` (its text) if the file at ``path`` has RECORD's size for it and was not
+    modified after RECORD was written; None otherwise (the file is read)."""
+    lines, written = installed
+    _, _, entry = lines.get(rel, "").partition(",sha256=")
+    sha, _, size = entry.partition(",")
+    if len(sha) != 43 or sha.strip(_B64) or not size.isdigit():
+        return None  # not listed, another hash, or a quoted path (a comma in it): read as any other file
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return sha if st.st_size == int(size) and st.st_mtime_ns <= written else None
 
 
 def anchors_record(vllm_version: str) -> dict | None:
@@ -336,8 +465,8 @@ def anchors_record(vllm_version: str) -> dict | None:
 
     path = os.path.join(os.path.dirname(os.path.abspath(anchors_package.__file__)), f"vllm-{vllm_version}.json")
     try:
-        with open(path, encoding="utf-8") as fh:
-            record = json.load(fh)
+        with open(path, "rb") as fh:
+            record = loads(fh.read())
     except (OSError, ValueError):
         return None
     return record if isinstance(record, dict) else None

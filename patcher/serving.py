@@ -24,15 +24,14 @@ sha256). A node that knows its own parts matches them against another's
 tokens, so it can name the patch or the file that differs.
 
 Imported by verify's fast path and by the serve guard: plain classes, no
-dataclasses or typing, nothing heavy.
+dataclasses or typing, not even json (patch_dsv4.quick.dumps writes the
+canonical text as json.dumps does).
 """
 
-from __future__ import annotations
-
-import hashlib
 import itertools
-import json
 import os
+
+from patch_dsv4.quick import dumps, sha256  # json.dumps without json (1 ms), hashlib's sha256 without hashlib
 
 FORMAT = 1
 PREFIX = "dsv4"
@@ -60,7 +59,7 @@ def _b32(digest: bytes, length: int) -> str:
 
 
 def _token(*parts: str) -> str:
-    return _b32(hashlib.sha256("\0".join(parts).encode()).digest()[:5], _TOKEN)
+    return _b32(sha256("\0".join(parts).encode()).digest()[:5], _TOKEN)
 
 
 def _shown_version(version: str | None) -> str:
@@ -75,14 +74,14 @@ def build_identity(dist_info: str | None) -> str | None:
     install of one build); None when the dist-info directory is unknown or they cannot be read."""
     if not dist_info:
         return None
-    digest = hashlib.sha256()
+    digest = sha256()
     for name in ("METADATA", "WHEEL"):
         try:
             with open(os.path.join(dist_info, name), "rb") as fh:
                 data = fh.read(4 << 20)
         except OSError:
             data = b""
-        digest.update(name.encode() + b"\0" + hashlib.sha256(data).digest())
+        digest.update(name.encode() + b"\0" + sha256(data).digest())
     return digest.hexdigest()
 
 
@@ -109,7 +108,7 @@ class Fingerprint:
 
     def canonical(self) -> str:
         """Every part, in one JSON text: what HEAD hashes."""
-        return json.dumps(
+        return dumps(
             {
                 "format": FORMAT,
                 "vllm": [self.vllm_version, self.build],
@@ -117,9 +116,7 @@ class Fingerprint:
                 "opt_in": self.opt_in,
                 "verdicts": self.verdicts,
                 "files": self.files,
-            },
-            sort_keys=True,
-            separators=(",", ":"),
+            }
         )
 
     def _flashinfer_text(self) -> str:
@@ -133,7 +130,7 @@ class Fingerprint:
 
     @property
     def text(self) -> str:
-        head = _b32(hashlib.sha256(self.canonical().encode()).digest(), _HEAD)
+        head = _b32(sha256(self.canonical().encode()).digest(), _HEAD)
         return ":".join(
             (
                 PREFIX,

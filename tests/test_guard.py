@@ -167,3 +167,103 @@ def test_the_guard_decides_without_importing_anything_heavy(applied, make_tree, 
         "import patch_dsv4.guard as g; g.check()"
     )
     assert _heavy_modules_after(code) == []
+
+
+# -- the first call's cost: what it reads and imports in a cold interpreter (bench/bench_guard.py times it) --------
+def _installed_copy(tmp_path):
+    """This checkout laid out as pip installs its wheel: site/patch_dsv4 (patches/ and anchors/ inside) and a
+    dist-info whose RECORD, written last, gives each file's sha256 and size."""
+    import base64
+    import hashlib
+    import shutil
+    from pathlib import Path
+
+    import patch_dsv4
+    import patch_dsv4.anchors
+    import patch_dsv4.patches
+
+    site = tmp_path / "site"
+    package = site / "patch_dsv4"
+    skip = shutil.ignore_patterns("__pycache__")
+    shutil.copytree(Path(patch_dsv4.__file__).parent, package, ignore=skip)
+    for sub in (patch_dsv4.patches, patch_dsv4.anchors):
+        shutil.copytree(Path(sub.__file__).parent, package / sub.__name__.rpartition(".")[2], ignore=skip)
+    lines = []
+    for path in sorted(p for p in package.rglob("*") if p.is_file()):
+        sha = base64.urlsafe_b64encode(hashlib.sha256(path.read_bytes()).digest()).rstrip(b"=").decode()
+        lines.append(f"{path.relative_to(site).as_posix()},sha256={sha},{path.stat().st_size}")
+    dist = site / f"patch_dsv4-{patch_dsv4.__version__}.dist-info"
+    dist.mkdir()
+    (dist / "RECORD").write_text("\n".join([*lines, f"{dist.name}/RECORD,,"]) + "\n")
+    return site
+
+
+def _in_bare_interpreter(site, code: str, env=None) -> str:
+    """``code`` in a fresh ``python -I -S`` (no site: nothing imported but what the interpreter starts with) that
+    imports patch_dsv4 from ``site``; its last line of output."""
+    import subprocess
+
+    probe = f"import sys; sys.path.insert(0, {str(site)!r}); import patch_dsv4; "
+    probe += f"assert patch_dsv4.__file__.startswith({str(site)!r}); " + code
+    run = subprocess.run([sys.executable, "-I", "-S", "-c", probe], capture_output=True, text=True, env=env or {})
+    assert run.returncode == 0, run.stderr
+    return run.stdout.strip().splitlines()[-1]
+
+
+def test_installed_from_a_wheel_the_patch_digest_comes_from_record_unless_a_file_changed_since(tmp_path):
+    """The digest the state records, read from RECORD where the files are as RECORD says; a file modified after
+    RECORD was written, or of another size, is read: the digest stays that of the files."""
+    import os
+
+    from patch_dsv4 import quick
+
+    site = _installed_copy(tmp_path)
+    digest = "from patch_dsv4 import quick; print(quick.patch_digest())"
+    assert _in_bare_interpreter(site, digest) == quick.patch_digest()  # this checkout's files, read
+    record = next(site.glob("patch_dsv4-*.dist-info")) / "RECORD"
+    text = record.read_text()
+    line = next(x for x in text.splitlines() if x.startswith("patch_dsv4/guard.py,"))
+    rel, _, size = line.rsplit(",", 2)
+    record.write_text(text.replace(line, f"{rel},sha256={'A' * 43},{size}"))  # another sha256, the same size
+    guard_py = site / "patch_dsv4" / "guard.py"
+    stamp = record.stat().st_mtime_ns
+    os.utime(guard_py, ns=(stamp, stamp - 10**9))  # older than RECORD, its size: RECORD's sha256 stands
+    assert _in_bare_interpreter(site, digest) != quick.patch_digest()
+    os.utime(guard_py, ns=(stamp, stamp + 10**9))  # modified after RECORD: read
+    assert _in_bare_interpreter(site, digest) == quick.patch_digest()
+    os.utime(guard_py, ns=(stamp, stamp - 10**9))
+    guard_py.write_bytes(guard_py.read_bytes() + b"\n")  # another size (and a new mtime): read, another digest
+    os.utime(guard_py, ns=(stamp, stamp - 10**9))
+    changed = _in_bare_interpreter(site, digest)
+    assert changed != quick.patch_digest()
+    record.write_text(text)
+    assert _in_bare_interpreter(site, digest) == changed  # a true RECORD but for that file: the file read
+
+
+#: What a bare interpreter pays milliseconds for and the guard's first call does without (vLLM has them, but the
+#: guard's budget counts its imports in a cold interpreter): re (about 6 ms: enum, functools, collections), json
+#: (1 ms), hashlib (its set-up of every algorithm: 0.7 ms; the guard takes OpenSSL's sha256 from _hashlib), base64
+#: and binascii, __future__, typing, logging.
+COSTLY = (
+    *("re", "enum", "functools", "collections", "json", "hashlib"),
+    *("base64", "binascii", "__future__", "typing", "logging"),
+)
+
+
+@pytest.mark.parametrize("expect", [False, True], ids=["alone", "with-PATCH_DSV4_EXPECT"])
+def test_the_guards_first_call_in_a_bare_interpreter_imports_nothing_costly(expect, tmp_path, make_tree, cli):
+    """On an applied tree, from a wheel's layout: the fast path decides (strict: any problem would raise), reading
+    no JSON with json and no name with re."""
+    tree = make_tree("0.30.0")
+    assert cli("apply", "--site-packages", tree).code == 0
+    site = _installed_copy(tmp_path)
+    env = {guard.ENV: "strict"}
+    if expect:
+        env[guard.EXPECT] = cli("status", "--fingerprint", "--site-packages", tree).stdout.strip()
+    code = (
+        f"m = type(sys)('vllm'); m.__file__ = {str(tree / 'vllm' / '__init__.py')!r}; sys.modules['vllm'] = m; "
+        "before = set(sys.modules); import patch_dsv4.guard as g; g.check(); new = set(sys.modules) - before; "
+        "g._full_judgement = None; g.judge_this_vllm(); "  # the fast path decided: a full judgement would fail here
+        f"print(sorted(new & set({COSTLY!r})), 'patch_dsv4.serving' in new)"
+    )
+    assert _in_bare_interpreter(site, code, env) == f"[] {expect}"
