@@ -59,12 +59,17 @@ def test_a_tree_the_previous_version_patched(version, previous, make_tree, cli):
     verify = cli("verify", "--site-packages", tree, "--json")
     if verify.code != 0:
         assert verify.code == 1
-        outdated = [p for p in verify.json()["patches"] if p["verdict"] == "pending"]
-        assert outdated and all("older patch-dsv4" in p["detail"] for p in outdated), verify.stdout
+        needed = [p for p in verify.json()["patches"] if p["verdict"] == "pending"]  # opt-ins not asked for aside
+        pending = [e for p in needed for e in p["edits"] if e["verdict"] == "pending"]
+        # each is either an edit of the previous version's to update, or one it never made (V4.1's files)
+        outdated = [e for e in pending if e["file"] in written]
+        added = {e["file"] for e in pending if e["file"] not in written}
+        assert pending and all("older patch-dsv4" in e["detail"] for e in outdated), verify.stdout
+        assert all(rel.startswith("vllm/models/deepseek_v41/") for rel in added), added
         assert "patch-dsv4 apply" in verify.stderr, verify.stderr
         updated = cli("apply", "--site-packages", tree, "--json")
         assert updated.code == 0, updated.stderr
-        assert set(updated.json()["changed_files"]) <= set(written)
+        assert set(updated.json()["changed_files"]) <= set(written) | added
         assert cli("verify", "--site-packages", tree).code == 0
 
     reverted = cli("revert", "--site-packages", tree)
