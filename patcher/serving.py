@@ -333,17 +333,3 @@ def write_differences(found: list[str], stream=None) -> None:
     stream = stream or sys.stderr
     for line in found:
         stream.write(f"patch-dsv4: fingerprint differs from the expected one: {line}\n")
-
-
-def tree_fingerprint(env, lock_timeout: float = 300.0, on_wait=None) -> Fingerprint:
-    """The fingerprint of an Environment's tree: from the hashes when they vouch for a judgement (as the guard
-    makes it), else from a full judgement (as status makes it)."""
-    from patch_dsv4 import quick
-
-    site = quick.site_of(env)
-    known = quick.known_judgement(site)
-    if known is not None:
-        return of_recorded(site, known)
-    from patch_dsv4 import commands
-
-    return commands.status(env, lock_timeout=lock_timeout, on_wait=on_wait).fingerprint

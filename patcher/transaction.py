@@ -22,15 +22,12 @@ from __future__ import annotations
 import copy
 import stat
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from patch_dsv4.environment import Environment
 from patch_dsv4.errors import EnvironmentProblem, Refused
 from patch_dsv4.fs import Dir, Owner, UnsafePath, checkpoint, sha256_bytes
+from patch_dsv4.pipeline import Committed, Plan
 from patch_dsv4.state import STATE_DIR, Manifest, StateStore
-
-if TYPE_CHECKING:
-    from patch_dsv4.planning import Plan
 
 
 class WriteFailed(EnvironmentProblem):
@@ -248,8 +245,9 @@ def _restore_manifest(store: StateStore, manifest: Manifest) -> bool:
 
 
 # -- recovery -----------------------------------------------------------------------------
-def recover(env: Environment, store: StateStore) -> list[str]:
-    """Finish what a killed apply or revert started (call with the lock held); notes on what was done.
+def recover(env: Environment, store: StateStore) -> tuple[list[str], Manifest | None | bool]:
+    """Finish what a killed apply or revert started (call with the lock held): notes on what was done, and the
+    manifest as it leaves it (True where it wrote one: read it again).
 
     A journalled apply is rolled forward from its staged copies, a journalled
     revert from the backups; temp files a killed writer left are removed. A
@@ -264,12 +262,12 @@ def recover(env: Environment, store: StateStore) -> list[str]:
         if store.holds_more_than_saved_edits():
             _drop_orphan_state(env, store)
             notes.append("removed the state an interrupted first apply left before its journal")
-        return notes
+        return notes, None
     store.remove_stray_temps()
     if manifest.transaction is None:
         if store.copies("staged"):
             store.clear_staged()
-        return notes
+        return notes, manifest
     op = manifest.transaction["op"]
     source = "staged" if op == "apply" else "backups"
     _replay(env, store, manifest, source)
@@ -278,10 +276,10 @@ def recover(env: Environment, store: StateStore) -> list[str]:
         store.save(manifest)
         store.clear_staged()
         notes.append("finished an interrupted apply from its journal")
-    else:
-        store.remove()
-        notes.append("finished an interrupted revert from its journal")
-    return notes
+        return notes, True
+    store.remove()
+    notes.append("finished an interrupted revert from its journal")
+    return notes, None
 
 
 def _remove_stray_temps(env: Environment, relpath: str) -> None:
@@ -331,14 +329,6 @@ def _replay(env: Environment, store: StateStore, manifest: Manifest, source: str
 
 
 # -- committing a plan ----------------------------------------------------------------------
-@dataclass
-class Committed:
-    """What committing a plan did beyond the plan itself: where edits were saved, and notes."""
-
-    saved_edits: tuple[str, ...] = ()
-    notes: tuple[str, ...] = ()
-
-
 def commit(plan: Plan) -> Committed:
     """Carry out ``plan`` (call with the lock held, never with a refusal): save the files it saves, write its
     files and its manifest, all or none, or remove the state it removes."""
