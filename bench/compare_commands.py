@@ -9,7 +9,8 @@ and recipe builders come from this checkout's tests/, so both sides get the same
 - the recipes' trees (tests/recipe_trees.py: the DGX-Spark three with keep_going, lna's chain on 0.28.0): status,
   apply (refused), takeover --dry-run, takeover, verify, revert;
 - forced cases: a hand edit outside our edits (apply refused, apply --dry-run --force, apply --force), a patched
-  file edited after apply (verify, revert refused, revert --discard-local-edits), an opt-in (apply --with);
+  file edited after apply (verify, revert refused, revert --discard-local-edits), an opt-in (apply --with),
+  journals recovery cannot finish and backups gone (status, apply, revert refused);
 - V4.1 in the nightly layout (tests/v41_trees.py) on 0.30.0 and 0.33.0: status, apply --dry-run, apply, verify,
   takeover --dry-run, revert;
 - MiaAI's kit (tests/miaai_trees.py): one script on 0.30.0 and 0.33.0 taken over from the release's wheel (apply
@@ -149,6 +150,27 @@ both(case, tree, "status")
 run(case, tree, "apply", "--with", "aux-streams", "--json")
 both(case, tree, "status")
 run(case, tree, "revert")
+
+case = "forced journal 0.30.0"  # a journal recovery cannot finish: the file changed since, or its copy is gone
+tree = fresh("forced-journal", "0.30.0")
+run(case, tree, "apply")
+path = tree / ".patch-dsv4" / "manifest.json"
+data = json.loads(path.read_text())
+rel = sorted(data["files"])[0]
+sha = data["files"][rel]
+data["transaction"] = {"op": "apply", "files": {rel: {"from": "0" * 64, "to": "1" * 64}}}
+path.write_text(json.dumps(data))
+both(case, tree, "status")
+both(case, tree, "apply")
+both(case, tree, "revert")
+data["transaction"] = {"op": "revert", "files": {rel: {"from": sha["after"], "to": "1" * 64}}}
+path.write_text(json.dumps(data))
+both(case, tree, "revert")
+data["transaction"] = None
+path.write_text(json.dumps(data))
+shutil.rmtree(tree / ".patch-dsv4" / "backups")
+both(case, tree, "revert")
+run(case, tree, "revert", "--discard-local-edits")
 
 for version in ("0.30.0", "0.33.0"):
     case = f"v41 nightly {version}"

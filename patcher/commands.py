@@ -18,10 +18,10 @@ from dataclasses import replace
 
 from patch_dsv4 import quick
 from patch_dsv4.environment import Environment
-from patch_dsv4.errors import EXIT_NEEDS_ACTION, EXIT_OK
+from patch_dsv4.errors import EXIT_NEEDS_ACTION, EXIT_OK, Refused
 from patch_dsv4.fs import checkpoint
 from patch_dsv4.judge import judge_found, judge_planned, judge_reverted, judge_state
-from patch_dsv4.pipeline import as_opt_in, to_restore
+from patch_dsv4.pipeline import Plan, as_opt_in, to_restore
 from patch_dsv4.planning import options, plan_apply, plan_revert, record_judgement
 from patch_dsv4.reading import read_snapshot, state_store, with_wheel
 from patch_dsv4.registry import discover_patches
@@ -49,7 +49,9 @@ def status(env: Environment, command: str = "status", lock_timeout: float = 300.
     store = state_store(env, patches)
     with store.wait_unlocked(lock_timeout, on_wait):
         snapshot = read_snapshot(env, store, patches)
-        return status_report(snapshot, judge_state(snapshot), command, asked)
+        judged = judge_state(snapshot)
+        refuse(judged.refusal)
+        return status_report(snapshot, judged, command, asked)
 
 
 def verify(env: Environment, lock_timeout: float = 300.0, on_wait=None, with_=None) -> Report:
@@ -97,7 +99,8 @@ def apply(
     opts = options(patches, only, with_, force, takeover, dry_run)
     store = state_store(env, patches)
     with store.wait_unlocked(lock_timeout, on_wait) if dry_run else store.lock(lock_timeout, on_wait):
-        notes, manifest = ([], True) if dry_run else recover(env, store)
+        notes, manifest, refusal = ([], True, None) if dry_run else recover(env, store)
+        refuse(refusal)
         snapshot = read_snapshot(env, store, patches, manifest, vouch=not dry_run)
         if takeover:  # read, judge as found, plan the restores; then judge the restored bytes
             found = judge_found(with_wheel(snapshot))
@@ -108,9 +111,7 @@ def apply(
         if plan.refusal is None and plan.to_judge is not None:
             plan = record_judgement(plan, judge_planned(snapshot, plan.to_judge, set(plan.manifest.opt_in)))
         checkpoint("judged")
-        if plan.refusal is not None:
-            plan.refusal.report = refused_report(plan)
-            raise plan.refusal
+        refuse(plan.refusal, plan if plan.reported else None)
         if dry_run:
             return dry_run_report(plan)
         report = committed_report(plan, commit(plan))
@@ -131,13 +132,23 @@ def revert(env: Environment, lock_timeout: float = 300.0, discard_local_edits: b
     patches = discover_patches()
     store = state_store(env, patches)
     with store.lock(lock_timeout, on_wait):
-        notes, manifest = recover(env, store)
+        notes, manifest, refusal = recover(env, store)
+        refuse(refusal)
         snapshot = read_snapshot(env, store, patches, manifest, revert=discard_local_edits)
         reverted = judge_reverted(snapshot, to_restore(snapshot.view))
         plan = plan_revert(snapshot, reverted, discard_local_edits, notes)
-        if plan.refusal is not None:
-            raise plan.refusal
+        refuse(plan.refusal)
         return committed_report(plan, commit(plan))
+
+
+def refuse(refusal: Refused | None, plan: Plan | None = None) -> None:
+    """Raise ``refusal`` (a value of recovery, of judging or of the plan), where there is one: the one place a
+    command refuses. A refused apply carries the report of its ``plan``."""
+    if refusal is None:
+        return
+    if plan is not None:
+        refusal.report = refused_report(plan)
+    raise refusal
 
 
 def fingerprint(env: Environment, lock_timeout: float = 300.0, on_wait=None) -> Fingerprint:

@@ -24,6 +24,7 @@ from patch_dsv4.pipeline import (  # noqa: F401 - as_opt_in re-exported
     StateView,
     as_opt_in,
 )
+from patch_dsv4.quick import patch_digest
 from patch_dsv4.resolve import check_injected, local_names
 from patch_dsv4.rewrite import plan_files
 from patch_dsv4.verdicts import EditReport, Outcome, PatchReport, Verdict, combine
@@ -167,21 +168,24 @@ def judge_state(state: Snapshot, restores: list[Restore] = (), found: Judgement 
     }
     base = base_ctx = None
     if ours_drifted:
-        base_ctx = state.context(_release_bytes(state, sorted(ours_drifted)))
+        release, refusal = _release_bytes(state, sorted(ours_drifted))
+        if refusal is not None:  # judging cannot go on: the command refuses with it
+            return Judged(now, ctx, (), found=found, restores=list(restores), refusal=refusal)
+        base_ctx = state.context(release)
         base = judge(base_ctx, patches, plan=False)
     reports = state_reports(now, patches, view, base if view.kind == "current" else None)
     return Judged(now, ctx, reports, base, base_ctx, found, list(restores), _way_out(state, now))
 
 
-def _release_bytes(state: Snapshot, relpaths: list[str]) -> dict[str, bytes]:
-    """The release's bytes of files we wrote, from their backups; refused when one is missing or damaged."""
+def _release_bytes(state: Snapshot, relpaths: list[str]) -> tuple[dict[str, bytes], Refused | None]:
+    """The release's bytes of files we wrote, from their backups; the refusal when one is missing or damaged."""
     found = {}
     for relpath in relpaths:
         data = state.backup(relpath)
         if data is None:
-            raise Refused(f"the backup of {relpath} is missing or damaged", "", state.env.reinstall_then())
+            return found, Refused(f"the backup of {relpath} is missing or damaged", "", state.env.reinstall_then())
         found[relpath] = data
-    return found
+    return found, None
 
 
 def _way_out(state: Snapshot, judgement: Judgement) -> str:
@@ -209,7 +213,7 @@ def judge_planned(state: Snapshot, planned: dict[str, bytes], opt_in: set[str]) 
     judgement = judge(ctx, state.patches, plan=False)
     reports = as_opt_in(state_reports(judgement, state.patches, NO_STATE), state.patches, opt_in)
     inputs = {rel: (sha256_bytes(planned[rel]) if rel in planned else state.sha256(rel)) for rel in ctx.files_read()}
-    return Planned(reports, inputs)
+    return Planned(reports, inputs, patch_digest())
 
 
 def judge_reverted(state: Snapshot, to_restore: list[str]) -> tuple[PatchReport, ...]:

@@ -106,10 +106,11 @@ class Readers:
 @dataclass
 class Build:
     """What the build identity is decided from, read with the snapshot: the files the anchors record lists (with
-    their sha256 as read) and the Python files of the model packages."""
+    their sha256 as read), the Python files of the model packages, and vLLM's dist-info."""
 
     hashes: dict[str, str | None] = field(default_factory=dict)
     files: list[str] = field(default_factory=list)
+    served: str | None = None  # the build in a fingerprint: the digest of vLLM's METADATA and WHEEL (serving's)
 
 
 @dataclass
@@ -153,9 +154,14 @@ class Snapshot:
         return context_for(self.env, NO_STATE, restore, trust_overlay=False, read=self.bytes_of)
 
     def bytes_of(self, relpath: str) -> bytes | None:
-        """A file of the tree as it is now (read once)."""
+        """A file of the tree as it is now (read once; one that cannot be read is asked for again, and its sha256
+        taken as it lies, as the fingerprint names it)."""
         if relpath not in self._bytes:
-            self._bytes[relpath] = self.readers.file(relpath)
+            try:
+                self._bytes[relpath] = self.readers.file(relpath)
+            except Exception:
+                self.sha256(relpath)
+                raise
         return self._bytes[relpath]
 
     def held(self, relpath: str) -> bytes | None:
@@ -295,6 +301,7 @@ class Judged:
     found: Judgement | None = None  # takeover: the tree as it is, before any restore
     restores: list[Restore] = field(default_factory=list)  # takeover: the files to restore, and their bytes
     way_out: str = ""  # where another tool's edit stands: the command that moves the tree to ours
+    refusal: Refused | None = None  # set: the tree cannot be judged (a backup it needs is gone); nothing else is
 
 
 def as_opt_in(reports: tuple[PatchReport, ...], patches: list[Patch], asked: set[str]) -> tuple[PatchReport, ...]:
@@ -357,6 +364,7 @@ class Plan:
     reports: tuple[PatchReport, ...]  # the verdicts as judged (what a dry run shows, and a refusal)
     notes: list[str]
     refusal: Refused | None = None  # set: nothing is written, the command fails with it
+    reported: bool = True  # the refusal carries the report of what was judged (not where nothing could be)
     old: dict[str, bytes | None] = field(default_factory=dict)  # each file to write, as it is now
     new: dict[str, bytes] = field(default_factory=dict)  # ... and as it will be
     owners: dict[str, list[str]] = field(default_factory=dict)  # each file to write -> the patches editing it
@@ -378,10 +386,12 @@ class Plan:
 
 @dataclass
 class Planned:
-    """The judgement of the tree as a plan leaves it: its verdicts and the sha256 of every file it read."""
+    """The judgement of the tree as a plan leaves it: its verdicts, the sha256 of every file it read, and the digest
+    of the patch definitions and the engine that made it."""
 
     reports: tuple[PatchReport, ...]
     inputs: dict[str, str | None]
+    patch_digest: str
 
 
 # -- committing: what it did ------------------------------------------------------------------

@@ -27,7 +27,6 @@ from patch_dsv4.pipeline import (
     to_restore,
     unrecorded_notes,
 )
-from patch_dsv4.quick import patch_digest
 from patch_dsv4.render import PACKAGE_PREFIX
 from patch_dsv4.rewrite import plan_files
 from patch_dsv4.state import FileEntry, Manifest
@@ -62,6 +61,8 @@ def plan_apply(state: Snapshot, judged: Judged, opts: Options, notes: list[str])
     """The plan of ``apply`` (or ``takeover``) with ``opts`` on the judged ``state``; ``notes`` so far."""
     env, view, patches = state.env, state.view, state.patches
     command = opts.command
+    if judged.refusal is not None:
+        return Plan(command, state, (), list(notes), refusal=judged.refusal, reported=False)
     notes = list(notes)
     if opts.dry_run and view.kind == "interrupted":
         notes.append("an interrupted apply or revert is pending: apply would finish it first")
@@ -299,7 +300,7 @@ def record_judgement(plan: Plan, planned: Planned) -> Plan:
     }
     manifest.inputs = planned.inputs
     manifest.flashinfer = {"version": state.env.flashinfer_version, "source": state.env.flashinfer_source}
-    manifest.patch_digest = patch_digest()
+    manifest.patch_digest = planned.patch_digest
     if plan.writes:
         plan.after = planned.reports
     elif manifest.to_json() == state.view.manifest.to_json():

@@ -73,11 +73,13 @@ def read_snapshot(
     """
     from patch_dsv4 import quick
     from patch_dsv4.anchors_store import recorded_files
+    from patch_dsv4.serving import build_identity, dist_info_of
 
     view = view_of(env, store.load() if manifest is True else manifest)
     snapshot = Snapshot(env, store, patches, view, readers_of(env, store))
     snapshot.build.files = quick.listed_package_files(env.site_packages)
     snapshot.build.hashes = {rel: env.sha256(rel) for rel in recorded_files(env.vllm_version)}
+    snapshot.build.served = build_identity(dist_info_of(env))
     if vouch and view.kind == "current" and not view.modified:
         snapshot.recorded_holds = quick.recorded_verdicts(quick.site_of(env)) is not None
     if revert is not None and view.kind not in ("none", "stale"):

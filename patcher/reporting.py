@@ -65,7 +65,7 @@ def status_report(state: Snapshot, judged: Judged, command: str = "status", aske
 def judged_fingerprint(state: Snapshot, judged: Judged, reports, opt_in) -> serving.Fingerprint:
     """What the tree as judged serves: ``reports``' verdicts, and every file the judgement read as it was read."""
     files = {rel: state.held_sha256(rel) for rel in judged.ctx.files_read()}
-    return serving.of_judged(state.env, opt_in, reports, files)
+    return serving.of_judged(state.env, state.build.served, opt_in, reports, files)
 
 
 def dry_run_report(plan: Plan) -> Report:
@@ -99,7 +99,7 @@ def committed_report(plan: Plan, committed: Committed) -> Report:
         kind = state.kind if plan.previous is None else "none"
         out = report(state, "revert", plan.after, kind, plan.summary, sorted(plan.new), notes=notes, backups=False)
         return replace(out, saved_edits=committed.saved_edits, build=state.build_identity(plan.installed_after))
-    served = serving.of_manifest(state.env, plan.manifest) if plan.manifest is not None else None
+    served = serving.of_manifest(state.env, state.build.served, plan.manifest) if plan.manifest is not None else None
     if not plan.writes:
         left = plan.manifest is not None or (state.view.manifest is not None and not plan.remove_state)
         out = report(state, plan.command, plan.reports, state.kind, plan.summary, notes=notes, manifest_left=left)

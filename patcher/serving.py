@@ -277,12 +277,12 @@ def of_recorded(site, recorded) -> Fingerprint:
     )
 
 
-def of_judged(env, opt_in, reports, files: dict) -> Fingerprint:
+def of_judged(env, build: str | None, opt_in, reports, files: dict) -> Fingerprint:
     """The fingerprint of a tree judged in full: ``reports`` (each with ``id`` and ``verdict``) and the sha256 of
-    every file the judgement read (``files``)."""
+    every file the judgement read (``files``); ``build``: :func:`build_identity` of its dist-info, as read."""
     return Fingerprint(
         env.vllm_version,
-        build_identity(dist_info_of(env)),
+        build,
         env.flashinfer_version,
         env.flashinfer_source,
         opt_in,
@@ -291,11 +291,11 @@ def of_judged(env, opt_in, reports, files: dict) -> Fingerprint:
     )
 
 
-def of_manifest(env, manifest) -> Fingerprint:
+def of_manifest(env, build: str | None, manifest) -> Fingerprint:
     """The fingerprint of the tree a write just left: the judgement its manifest records."""
     return Fingerprint(
         env.vllm_version,
-        build_identity(dist_info_of(env)),
+        build,
         env.flashinfer_version,
         env.flashinfer_source,
         manifest.opt_in,
