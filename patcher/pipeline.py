@@ -108,6 +108,8 @@ class Build:
     """What the build identity is decided from, read with the snapshot: the files the anchors record lists (with
     their sha256 as read), the Python files of the model packages, and vLLM's dist-info."""
 
+    record: dict | None = None  # the anchors record of this vLLM version
+    unrecorded: str = ""  # why the build is unknown where no record is (decided without hashes)
     hashes: dict[str, str | None] = field(default_factory=dict)
     files: list[str] = field(default_factory=list)
     served: str | None = None  # the build in a fingerprint: the digest of vLLM's METADATA and WHEEL (serving's)
@@ -220,12 +222,14 @@ class Snapshot:
         """
         from patch_dsv4.anchors_store import known_release
 
+        if self.build.record is None:
+            return {"known": False, "detail": self.build.unrecorded}
         installed = as_pip_installed(self.view) if installed is None else installed
 
         def as_installed(relpath: str) -> str | None:
             return installed.get(relpath) or self.build.hashes[relpath]
 
-        match = known_release(self.env.vllm_version, as_installed, files=self.build.files)
+        match = known_release(self.env.vllm_version, as_installed, files=self.build.files, record=self.build.record)
         return {"known": match.known, "detail": match.detail}
 
 

@@ -71,14 +71,17 @@ def read_snapshot(
     (revert's --discard-local-edits): also read the backups revert restores and the files they replace (not where
     a file changed since we wrote it and its edit is not to be discarded: revert refuses that).
     """
-    from patch_dsv4 import quick
-    from patch_dsv4.anchors_store import recorded_files
+    from patch_dsv4 import anchors_store, quick
     from patch_dsv4.serving import build_identity, dist_info_of
 
     view = view_of(env, store.load() if manifest is True else manifest)
     snapshot = Snapshot(env, store, patches, view, readers_of(env, store))
-    snapshot.build.files = quick.listed_package_files(env.site_packages)
-    snapshot.build.hashes = {rel: env.sha256(rel) for rel in recorded_files(env.vllm_version)}
+    build = snapshot.build
+    build.record = anchors_store.load(env.vllm_version)
+    if build.record is None:
+        build.unrecorded = anchors_store.known_release(env.vllm_version, {}).detail
+    build.files = quick.listed_package_files(env.site_packages)
+    build.hashes = {rel: env.sha256(rel) for rel in sorted(build.record["files"])} if build.record else {}
     snapshot.build.served = build_identity(dist_info_of(env))
     if vouch and view.kind == "current" and not view.modified:
         snapshot.recorded_holds = quick.recorded_verdicts(quick.site_of(env)) is not None
