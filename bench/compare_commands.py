@@ -9,7 +9,13 @@ and recipe builders come from this checkout's tests/, so both sides get the same
 - the recipes' trees (tests/recipe_trees.py: the DGX-Spark three with keep_going, lna's chain on 0.28.0): status,
   apply (refused), takeover --dry-run, takeover, verify, revert;
 - forced cases: a hand edit outside our edits (apply refused, apply --dry-run --force, apply --force), a patched
-  file edited after apply (verify, revert refused, revert --discard-local-edits), an opt-in (apply --with).
+  file edited after apply (verify, revert refused, revert --discard-local-edits), an opt-in (apply --with),
+  journals recovery cannot finish and backups gone (status, apply, revert refused);
+- V4.1 in the nightly layout (tests/v41_trees.py) on 0.30.0 and 0.33.0: status, apply --dry-run, apply, verify,
+  takeover --dry-run, revert;
+- MiaAI's kit (tests/miaai_trees.py): one script on 0.30.0 and 0.33.0 taken over from the release's wheel (apply
+  --with refused, takeover --dry-run, takeover, verify, revert), the whole kit on 0.30.0, and on the nightly
+  layout (takeover refused, apply). The wheels come from the tests' cache, and pip reaches no index.
 
 Per step it records the exit status, stdout and stderr (the tree's path and temp dirs replaced by placeholders)
 and the manifest as it stands after the step (sorted keys; its patch_digest, the hash of the checkout's own sources,
@@ -34,7 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TABLE_AND_JSON = ("", "--json")
 
 CHILD = r"""
-import atexit, io, json, re, shutil, sys, tempfile
+import atexit, io, json, os, re, shutil, sys, tempfile
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
@@ -44,8 +50,13 @@ import patch_dsv4
 assert patch_dsv4.__file__.startswith(package), patch_dsv4.__file__
 from patch_dsv4.cli import main
 from patch_dsv4.quick import patch_digest
+from tests import miaai_trees as M
 from tests.recipe_trees import run_chain
-from tests.releases import RELEASES, copy_tree, hand_edit, pristine_tree
+from tests.releases import RELEASES, cache_dir, copy_tree, hand_edit, pristine_tree, wheel
+from tests.v41_trees import nightly_layout
+
+os.environ["PATCH_DSV4_CACHE"] = str(cache_dir())  # takeover reads the release wheels the tests cached
+os.environ["PIP_NO_INDEX"] = "1"
 
 work = Path(tempfile.mkdtemp(prefix="compare-"))
 atexit.register(shutil.rmtree, work, True)  # also when a step raises
@@ -139,6 +150,64 @@ both(case, tree, "status")
 run(case, tree, "apply", "--with", "aux-streams", "--json")
 both(case, tree, "status")
 run(case, tree, "revert")
+
+case = "forced journal 0.30.0"  # a journal recovery cannot finish: the file changed since, or its copy is gone
+tree = fresh("forced-journal", "0.30.0")
+run(case, tree, "apply")
+path = tree / ".patch-dsv4" / "manifest.json"
+data = json.loads(path.read_text())
+rel = sorted(data["files"])[0]
+sha = data["files"][rel]
+data["transaction"] = {"op": "apply", "files": {rel: {"from": "0" * 64, "to": "1" * 64}}}
+path.write_text(json.dumps(data))
+both(case, tree, "status")
+both(case, tree, "apply")
+both(case, tree, "revert")
+data["transaction"] = {"op": "revert", "files": {rel: {"from": sha["after"], "to": "1" * 64}}}
+path.write_text(json.dumps(data))
+both(case, tree, "revert")
+data["transaction"] = None
+path.write_text(json.dumps(data))
+shutil.rmtree(tree / ".patch-dsv4" / "backups")
+both(case, tree, "revert")
+run(case, tree, "revert", "--discard-local-edits")
+
+for version in ("0.30.0", "0.33.0"):
+    case = f"v41 nightly {version}"
+    tree = nightly_layout(fresh(case.replace(" ", "-"), version))
+    both(case, tree, "status")
+    both(case, tree, "apply", "--dry-run")
+    run(case, tree, "apply", "--json")
+    both(case, tree, "verify")
+    run(case, tree, "takeover", "--dry-run")
+    both(case, tree, "revert")
+
+kits = {
+    "kit sm120 0.30.0": ("0.30.0", lambda t: M.apply_sm120_block64(t, "0.30.0")),
+    "kit sm120 0.33.0": ("0.33.0", lambda t: M.apply_sm120_block64(t, "0.33.0")),
+    "kit whole 0.30.0": ("0.30.0", lambda t: M.run_kit(t, "0.30.0")),
+}
+for case, (version, build) in kits.items():
+    wheel("vllm", version)
+    tree = fresh(case.replace(" ", "-"), version)
+    build(tree)
+    both(case, tree, "status")
+    both(case, tree, "apply", "--with", "aux-streams")
+    both(case, tree, "takeover", "--dry-run")
+    run(case, tree, "takeover", "--json")
+    both(case, tree, "verify")
+    run(case, tree, "revert", "--json")
+    both(case, tree, "status")
+
+case = "kit nightly 0.30.0"
+tree = nightly_layout(fresh("kit-nightly", "0.30.0"))
+M.run_kit(tree, "0.30.0")
+both(case, tree, "status")
+both(case, tree, "apply", "--with", "exl3-wo-a-slices")
+both(case, tree, "takeover")
+run(case, tree, "apply", "--json")
+both(case, tree, "verify")
+run(case, tree, "revert", "--json")
 
 Path(out).write_text(json.dumps(steps, indent=1))
 print(f"{len(steps)} steps, {sum(s['manifest'] is not None for s in steps)} manifests")

@@ -17,7 +17,7 @@ from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-STEPS = ("reading", "judge", "planning", "transaction", "reporting")  # the pipeline, in order
+STEPS = ("reading", "judge", "takeover", "planning", "transaction", "reporting")  # the pipeline, in order
 
 
 def main() -> None:

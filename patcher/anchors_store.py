@@ -105,6 +105,7 @@ def known_release(
     file_hashes: Mapping[str, str | None] | Callable[[str], str | None],
     directory: Path | None = None,
     files: Iterable[str] | None = None,
+    record: dict | None = None,
 ) -> BuildMatch:
     """Is this build of ``vllm_version`` the one recorded in anchors/?
 
@@ -113,9 +114,9 @@ def known_release(
     callable (e.g. ``lambda rel: sha256_path(env.path(rel))``), asked only for
     the files the record lists (:func:`recorded_files`). ``files`` are the
     Python files of the DeepSeek-V4 package in the tree (:func:`package_files`):
-    one added or removed makes another build.
+    one added or removed makes another build. ``record``: the record as read already (default: read here).
     """
-    record = load(vllm_version, directory)
+    record = load(vllm_version, directory) if record is None else record
     if record is None:
         versions = recorded_versions(directory)
         span = f"{versions[0]}-{versions[-1]}" if versions else "none"

@@ -160,9 +160,7 @@ def status(
 
     env = _environment(site_packages, python)
     if fingerprint:
-        from patch_dsv4 import serving
-
-        sys.stdout.write(f"{serving.tree_fingerprint(env, lock_timeout, _lock_wait)}\n")
+        sys.stdout.write(f"{commands.fingerprint(env, lock_timeout, _lock_wait)}\n")
         return
     report = commands.status(env, lock_timeout=lock_timeout, on_wait=_lock_wait)
     _finish(report, _format(fmt, as_json), _verbosity(verbose, quiet))

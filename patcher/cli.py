@@ -122,13 +122,11 @@ def _fast_verify(args: list[str]) -> int | None:
     located = quick.locate(search)
     if located is None or (site is not None and os.path.realpath(located.site_packages) != os.path.realpath(site)):
         return None
-    recorded = quick.recorded_verdicts(located)
-    if recorded is None:
-        return None
     from patch_dsv4 import serving
 
-    if not set(serving.opt_ins_from_env()) <= set(recorded.opt_in):
-        return None  # an opt-in asked for that the state does not keep (or no opt-in): judged in full
+    recorded = quick.vouched(located, serving.opt_ins_from_env())
+    if recorded is None:
+        return None  # not vouched for, or an opt-in asked for that the state does not keep: judged in full
     from patch_dsv4.render import render, write_failure
 
     target_args = "" if site is None else f" --site-packages {quick.quote(site)}"

@@ -1,11 +1,13 @@
 """The commands: status, verify, apply (and takeover), revert over one Environment, each one pipeline.
 
-    lock -> recover -> read the state -> judge -> plan -> refuse, or write -> record -> report
+    lock -> recover -> read -> judge -> [takeover: plan the restores -> judge the restored bytes]
+         -> plan -> judge the planned bytes -> refuse, or commit -> report
 
 Each step is a function of its own module (:mod:`~patch_dsv4.reading`,
-:mod:`~patch_dsv4.judge`, :mod:`~patch_dsv4.planning`,
+:mod:`~patch_dsv4.judge`, :mod:`~patch_dsv4.takeover`, :mod:`~patch_dsv4.planning`,
 :mod:`~patch_dsv4.transaction`, :mod:`~patch_dsv4.reporting`) over the values
-the step before gave. Each command returns a :class:`patch_dsv4.verdicts.Report`
+the step before gave (:mod:`patch_dsv4.pipeline` defines them); only this module calls the steps, and no step
+imports another. Each command returns a :class:`patch_dsv4.verdicts.Report`
 (the CLI only renders it) or raises a :class:`patch_dsv4.errors.PatcherError`
 naming what failed, why, and the command to run next.
 """
@@ -14,15 +16,15 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from patch_dsv4 import quick, serving
+from patch_dsv4 import quick
 from patch_dsv4.environment import Environment
-from patch_dsv4.errors import EXIT_NEEDS_ACTION, EXIT_OK
+from patch_dsv4.errors import EXIT_NEEDS_ACTION, EXIT_OK, Refused
 from patch_dsv4.fs import checkpoint
-from patch_dsv4.judge import as_opt_in, judge_state
-from patch_dsv4.planning import judge_reverted, options, plan_apply, plan_revert
-from patch_dsv4.reading import read_state, read_view, state_store
+from patch_dsv4.judge import judge_found, judge_planned, judge_reverted, judge_state
+from patch_dsv4.pipeline import Plan, as_opt_in, to_restore
+from patch_dsv4.planning import options, plan_apply, plan_revert, record_judgement
+from patch_dsv4.reading import read_snapshot, state_store, with_wheel
 from patch_dsv4.registry import discover_patches
-from patch_dsv4.release_wheel import ReleaseWheel
 from patch_dsv4.reporting import (
     committed_report,
     dry_run_report,
@@ -30,6 +32,8 @@ from patch_dsv4.reporting import (
     refused_report,
     status_report,
 )
+from patch_dsv4.serving import Fingerprint, of_recorded
+from patch_dsv4.takeover import plan_restores
 from patch_dsv4.transaction import commit, recover
 from patch_dsv4.verdicts import Report, next_step
 
@@ -44,8 +48,10 @@ def status(env: Environment, command: str = "status", lock_timeout: float = 300.
     asked = options(patches, with_=with_).with_
     store = state_store(env, patches)
     with store.wait_unlocked(lock_timeout, on_wait):
-        state = read_state(env, store, patches)
-        return status_report(state, judge_state(state), command, asked)
+        snapshot = read_snapshot(env, store, patches)
+        judged = judge_state(snapshot)
+        refuse(judged.refusal)
+        return status_report(snapshot, judged, command, asked)
 
 
 def verify(env: Environment, lock_timeout: float = 300.0, on_wait=None, with_=None) -> Report:
@@ -55,15 +61,12 @@ def verify(env: Environment, lock_timeout: float = 300.0, on_wait=None, with_=No
     last write are reported when the hashes vouch for them (:mod:`patch_dsv4.quick`) and they were asked for
     every opt-in in ``with_``; anything else is judged in full.
     """
-    patches = discover_patches()
-    asked = options(patches, with_=with_).with_
-    view = read_view(env, state_store(env, patches))
-    if view.kind == "current" and not view.modified:
+    recorded = quick.vouched(quick.site_of(env), options(discover_patches(), with_=with_).with_)
+    if recorded is not None:
         site = quick.site_of(env)
-        recorded = quick.recorded_verdicts(site)
-        if recorded is not None and asked <= set(recorded.opt_in):
-            report = quick.recorded_report(site, recorded, env.target.args())
-            return replace(report, fingerprint=serving.of_recorded(site, recorded))
+        return replace(
+            quick.recorded_report(site, recorded, env.target.args()), fingerprint=of_recorded(site, recorded)
+        )
     report = status(env, command="verify", lock_timeout=lock_timeout, on_wait=on_wait, with_=with_)
     bad = [r for r in report.patches if r.verdict.needs_action]
     return replace(
@@ -96,22 +99,25 @@ def apply(
     opts = options(patches, only, with_, force, takeover, dry_run)
     store = state_store(env, patches)
     with store.wait_unlocked(lock_timeout, on_wait) if dry_run else store.lock(lock_timeout, on_wait):
-        notes = [] if dry_run else recover(env, store)
-        state = read_state(env, store, patches)
-        if takeover:
-            state.wheel = ReleaseWheel(env)
-        judged = judge_state(state, takeover, opts.with_)
-        plan = plan_apply(state, judged, opts, notes)
+        notes, manifest, refusal = ([], True, None) if dry_run else recover(env, store)
+        refuse(refusal)
+        snapshot = read_snapshot(env, store, patches, manifest, vouch=not dry_run)
+        if takeover:  # read, judge as found, plan the restores; then judge the restored bytes
+            found = judge_found(with_wheel(snapshot))
+            judged = judge_state(snapshot, plan_restores(snapshot, found, opts.with_), found)
+        else:
+            judged = judge_state(snapshot)
+        plan = plan_apply(snapshot, judged, opts, notes)
+        if plan.refusal is None and plan.to_judge is not None:
+            plan = record_judgement(plan, judge_planned(snapshot, plan.to_judge, set(plan.manifest.opt_in)))
         checkpoint("judged")
-        if plan.refusal is not None:
-            plan.refusal.report = refused_report(plan)
-            raise plan.refusal
+        refuse(plan.refusal, plan if plan.reported else None)
         if dry_run:
             return dry_run_report(plan)
         report = committed_report(plan, commit(plan))
         if report.fingerprint is None:  # nothing recorded: the tree is as judged
-            kept = state.opt_in_kept
-            served = judged_fingerprint(state, judged, as_opt_in(judged.reports, patches, kept), kept)
+            kept = snapshot.opt_in_kept
+            served = judged_fingerprint(snapshot, judged, as_opt_in(judged.reports, patches, kept), kept)
             report = replace(report, fingerprint=served)
         return report
 
@@ -126,9 +132,30 @@ def revert(env: Environment, lock_timeout: float = 300.0, discard_local_edits: b
     patches = discover_patches()
     store = state_store(env, patches)
     with store.lock(lock_timeout, on_wait):
-        notes = recover(env, store)
-        state = read_state(env, store, patches)
-        plan = plan_revert(state, judge_reverted(state), discard_local_edits, notes)
-        if plan.refusal is not None:
-            raise plan.refusal
+        notes, manifest, refusal = recover(env, store)
+        refuse(refusal)
+        snapshot = read_snapshot(env, store, patches, manifest, revert=discard_local_edits)
+        reverted = judge_reverted(snapshot, to_restore(snapshot.view))
+        plan = plan_revert(snapshot, reverted, discard_local_edits, notes)
+        refuse(plan.refusal)
         return committed_report(plan, commit(plan))
+
+
+def refuse(refusal: Refused | None, plan: Plan | None = None) -> None:
+    """Raise ``refusal`` (a value of recovery, of judging or of the plan), where there is one: the one place a
+    command refuses. A refused apply carries the report of its ``plan``."""
+    if refusal is None:
+        return
+    if plan is not None:
+        refusal.report = refused_report(plan)
+    raise refusal
+
+
+def fingerprint(env: Environment, lock_timeout: float = 300.0, on_wait=None) -> Fingerprint:
+    """The fingerprint of an Environment's tree: from the hashes when they vouch for a judgement (as the guard
+    makes it), else from a full judgement (as status makes it)."""
+    site = quick.site_of(env)
+    known = quick.known_judgement(site)
+    if known is not None:
+        return of_recorded(site, known)
+    return status(env, lock_timeout=lock_timeout, on_wait=on_wait).fingerprint

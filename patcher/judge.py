@@ -1,41 +1,33 @@
-"""Judging: every edit's verdict on a tree, and the files as the pending edits would leave them.
+"""Judging: every edit's verdict on a tree, the one step that judges.
 
-Pure functions over a :class:`patch_dsv4.patch.Context` (and, for a whole
-state, over :class:`patch_dsv4.reading.State`): nothing here writes.
+:func:`judge` decides the verdicts over a :class:`patch_dsv4.patch.Context`; the command's judgements are made
+over its :class:`~patch_dsv4.pipeline.Snapshot`: the tree as found (:func:`judge_found`, takeover's first look), the
+tree the command acts on (:func:`judge_state`), the tree as a plan leaves it (:func:`judge_planned`) and the tree
+as revert leaves it (:func:`judge_reverted`). Nothing here writes; the tree is read through the snapshot only.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from functools import lru_cache
-from typing import TYPE_CHECKING
+from dataclasses import replace
 
-from patch_dsv4.errors import TransformBug
+from patch_dsv4.errors import Refused
 from patch_dsv4.fingerprint import find_scope
+from patch_dsv4.fs import sha256_bytes
 from patch_dsv4.patch import Context, Edit, Patch
+from patch_dsv4.pipeline import (  # noqa: F401 - as_opt_in re-exported
+    NO_STATE,
+    Judged,
+    Judgement,
+    Planned,
+    Restore,
+    Snapshot,
+    StateView,
+    as_opt_in,
+)
+from patch_dsv4.quick import patch_digest
 from patch_dsv4.resolve import check_injected, local_names
+from patch_dsv4.rewrite import plan_files
 from patch_dsv4.verdicts import EditReport, Outcome, PatchReport, Verdict, combine
-
-if TYPE_CHECKING:
-    from patch_dsv4.reading import State, StateView
-    from patch_dsv4.takeover import Restore
-
-
-@dataclass
-class Judgement:
-    """Every edit's outcome, the files as read, and the files as the pending edits would write them."""
-
-    outcomes: dict[str, list[tuple[Edit, Outcome]]]  # patch id -> its edits, in order
-    originals: dict[str, bytes | None]  # every edited file as read
-    planned: dict[str, bytes] = field(default_factory=dict)  # only files that change, encoded as stored
-    reads: dict[str, set[str]] = field(default_factory=dict)  # patch id -> every file its judgement read
-    unrecorded: dict[str, str] = field(default_factory=dict)  # file read -> why it is not what pip installed
-
-    def patch_files(self, patch_id: str) -> tuple[str, ...]:
-        """The files of a patch's edits, leaving out those it has no code path in (where another edit has one)."""
-        pairs = self.outcomes[patch_id]
-        here = [edit.file for edit, outcome in pairs if outcome.verdict is not Verdict.NOT_APPLICABLE]
-        return tuple(dict.fromkeys(here or [edit.file for edit, _ in pairs]))
 
 
 def _check_names(ctx: Context, edit: Edit, outcome: Outcome, text: str) -> list[str]:
@@ -101,18 +93,6 @@ def judge(ctx: Context, patches: list[Patch], check_fit: bool = True, plan: bool
     return judgement
 
 
-def plan_files(ctx: Context, judgement: Judgement, patch_ids: set[str]) -> dict[str, bytes]:
-    """The files as the pending edits of ``patch_ids`` write them (encoded as stored), proven idempotent.
-
-    Planned from the judgement as it stands: nothing is judged again.
-    """
-    outcomes = {pid: pairs for pid, pairs in judgement.outcomes.items() if pid in patch_ids}
-    texts = {path: ctx.read(path) for path in judgement.originals}
-    planned_text = _rewrite(outcomes, texts)
-    _prove_idempotent(ctx, outcomes, planned_text)
-    return {path: ctx.source(path).encode(text) for path, text in planned_text.items()}
-
-
 def _elsewhere(ctx: Context, pairs: list[tuple[Edit, Outcome]]) -> list[tuple[Edit, Outcome]]:
     """An edit whose own file is gone (RECORD lists it) has no code path there when another edit of the patch
     found the code it fixes in another file (a class moved between files): not applicable, not drifted."""
@@ -146,54 +126,6 @@ def _not_judged(ctx: Context, edit: Edit, outcome: Outcome, read: set[str], look
     return None
 
 
-def _rewrite(outcomes: dict[str, list[tuple[Edit, Outcome]]], texts: dict[str, str | None]) -> dict[str, str]:
-    """Each file with pending edits, as they write it: one libcst parse and one codegen per file."""
-    pending: dict[str, list[tuple[Edit, Outcome]]] = {}
-    for pairs in outcomes.values():
-        for edit, outcome in pairs:
-            if outcome.verdict is Verdict.PENDING:
-                pending.setdefault(edit.file, []).append((edit, outcome))
-    if not pending:
-        return {}
-    planned = {}
-    for path, edits in pending.items():
-        module = _cst_module(texts[path])
-        for edit, outcome in edits:
-            module = edit.rewrite(module, outcome)
-        code = module.code  # one codegen: it costs as much as the parse
-        if code != texts[path]:
-            planned[path] = code
-    return planned
-
-
-@lru_cache(maxsize=8)
-def _cst_module(text: str):
-    """The libcst tree of ``text`` (immutable, so shared by the runs of one process that plan the same file)."""
-    import libcst as cst
-
-    return cst.parse_module(text)
-
-
-def _prove_idempotent(ctx: Context, outcomes: dict[str, list[tuple[Edit, Outcome]]], planned: dict[str, str]) -> None:
-    """Each planned file parses, and every pending edit finds itself applied there (a second run changes nothing)."""
-    for path, text in planned.items():
-        try:
-            ctx.parse(text)
-        except SyntaxError as exc:
-            raise TransformBug(f"the planned {path} does not parse", f"{exc.msg} at line {exc.lineno}") from None
-        for patch_id, pairs in outcomes.items():
-            for edit, first in pairs:
-                if edit.file != path or first.verdict is not Verdict.PENDING:
-                    continue
-                again = edit.evaluate(ctx, text)
-                if again.verdict is not Verdict.APPLIED:
-                    raise TransformBug(
-                        f"patch {patch_id} is not idempotent on {path}",
-                        f"run again on its own output, {edit.label!r} gives {again.verdict.value}, not applied",
-                        "report this bug; nothing was written",
-                    )
-
-
 def edit_reports(pairs: list[tuple[Edit, Outcome]]) -> tuple[EditReport, ...]:
     return tuple(
         EditReport(edit.label, edit.file, str(edit.scope), o.verdict, o.detail, o.expected, o.found, o.foreign)
@@ -210,65 +142,22 @@ def patch_report(patch: Patch, judgement: Judgement, edits: tuple[EditReport, ..
     return PatchReport(patch.id, patch.title, verdict, judgement.patch_files(patch.id), detail, edits)
 
 
-def as_opt_in(reports: tuple[PatchReport, ...], patches: list[Patch], asked: set[str]) -> tuple[PatchReport, ...]:
-    """An opt-in patch nobody asked for is reported as opt-in, whatever its scopes hold: verify and the guard
-    ignore it. Another tool's edit there is named, with the command that takes it over."""
-    opt = {p.id for p in patches if p.opt_in} - asked
-    out = []
-    for r in reports:
-        if r.id in opt and r.verdict is Verdict.FOREIGN:
-            r = replace(
-                r,
-                verdict=Verdict.OPT_IN,
-                detail=f"opt-in: {r.foreign}'s edit stands there; takeover --with {r.id} replaces it ({r.detail})",
-            )
-        elif r.id in opt and r.verdict in (Verdict.PENDING, Verdict.DRIFTED):
-            r = replace(r, verdict=Verdict.OPT_IN, detail=f"opt-in: apply --with {r.id} to use it ({r.detail})")
-        out.append(r)
-    return tuple(out)
-
-
 # -- a state judged -------------------------------------------------------------------------
-@dataclass
-class Judged:
-    """A state judged once: the tree the command acts on, and what acting needs to know of it."""
-
-    now: Judgement  # the tree as it is (takeover: with pip's bytes where another tool's edit stood)
-    ctx: Context  # what ``now`` read
-    reports: tuple[PatchReport, ...]  # per patch, from ``now``; edits we wrote, since changed, are modified
-    base: Judgement | None = None  # files we wrote whose edits the patches now write differently, from backups
-    base_ctx: Context | None = None
-    found: Judgement | None = None  # takeover: the tree as it is, before any restore
-    restores: list[Restore] = field(default_factory=list)  # takeover: the files to restore, and their bytes
+def judge_found(state: Snapshot) -> Judgement:
+    """The tree as it is, before any restore: where other tools' edits stand (takeover's first look)."""
+    return judge(state.context(), state.patches, plan=False)
 
 
-def judge_state(state: State, takeover: bool = False, with_ids: frozenset[str] = frozenset()) -> Judged:
-    """Judge the tree of ``state`` for a report or a plan.
+def judge_state(state: Snapshot, restores: list[Restore] = (), found: Judgement | None = None) -> Judged:
+    """Judge the tree of ``state`` for a report or a plan, with the ``restores`` (takeover: pip's bytes where
+    another tool's edit was ``found``) in place.
 
-    ``takeover`` judges it twice over: as it is, to find other tools' edits
-    (and the backups beside them that hold pip's bytes), then with those
-    bytes in place. Files we wrote whose edits drifted are judged again from
-    their backups (the release's bytes): where an edit is pending there, it is
-    ours as an older patch-dsv4 wrote it, and apply rewrites it.
+    Files we wrote whose edits drifted are judged again from their backups (the
+    release's bytes): where an edit is pending there, it is ours as an older
+    patch-dsv4 wrote it, and apply rewrites it.
     """
-    from patch_dsv4.takeover import foreign_patches, plan_restores
-
     patches, view = state.patches, state.view
-    found, restores, overlay = None, [], {}
-    if takeover:
-        found = judge(state.context(), patches, plan=False)
-        wanted = state.opt_in_kept | with_ids | foreign_patches(found)
-        # files apply would write but must refuse (not pip's bytes), where another tool's backup holds pip's
-        refused = {
-            edit.file
-            for p in patches
-            if not p.opt_in or p.id in wanted
-            for edit, outcome in found.outcomes[p.id]
-            if outcome.verdict is Verdict.PENDING and edit.file not in view.ours
-        }
-        also = [rel for rel in sorted(refused) if state.differs_from_record(rel)]
-        restores = plan_restores(found, state.pip_copy, also=also)
-        overlay = {r.relpath: r.data for r in restores if r.data is not None}
+    overlay = {r.relpath: r.data for r in restores if r.data is not None}
     ctx = state.context(overlay)
     now = judge(ctx, patches, plan=False)
     ours_drifted = {
@@ -279,10 +168,63 @@ def judge_state(state: State, takeover: bool = False, with_ids: frozenset[str] =
     }
     base = base_ctx = None
     if ours_drifted:
-        base_ctx = state.context(state.release_bytes(sorted(ours_drifted)))
+        release, refusal = _release_bytes(state, sorted(ours_drifted))
+        if refusal is not None:  # judging cannot go on: the command refuses with it
+            return Judged(now, ctx, (), found=found, restores=list(restores), refusal=refusal)
+        base_ctx = state.context(release)
         base = judge(base_ctx, patches, plan=False)
     reports = state_reports(now, patches, view, base if view.kind == "current" else None)
-    return Judged(now, ctx, reports, base, base_ctx, found, restores)
+    return Judged(now, ctx, reports, base, base_ctx, found, list(restores), _way_out(state, now))
+
+
+def _release_bytes(state: Snapshot, relpaths: list[str]) -> tuple[dict[str, bytes], Refused | None]:
+    """The release's bytes of files we wrote, from their backups; the refusal when one is missing or damaged."""
+    found = {}
+    for relpath in relpaths:
+        data = state.backup(relpath)
+        if data is None:
+            return found, Refused(f"the backup of {relpath} is missing or damaged", "", state.env.reinstall_then())
+        found[relpath] = data
+    return found, None
+
+
+def _way_out(state: Snapshot, judgement: Judgement) -> str:
+    """The one command that moves a tree with other tools' edits to ours: takeover, or a reinstall where neither a
+    backup nor the release's wheel can hold pip's bytes (nothing is fetched to decide it); "" without such edits."""
+    from patch_dsv4.release_wheel import unobtainable
+
+    foreign = judgement.foreign_files()
+    if not foreign:
+        return ""
+    env = state.env
+    kept = judgement.kept_edits()
+    if any(who.startswith(f"{relpath}: ") for relpath in foreign for who in kept):  # takeover would refuse the file
+        return f"patch-dsv4 apply{env.target.args()} (the other tool's edits stay where patch-dsv4 never removes one)"
+    found = [state.pip_copy(relpath, wheel=False) for relpath in foreign]
+    command = f"patch-dsv4 takeover{env.target.args()}"
+    if all(f is not None for f in found):
+        return f"{command} (saves the edited files, restores pip's from their backups)"
+    if unobtainable(env.vllm_version) is None:
+        return f"{command} (saves the edited files, restores pip's from backups or the vllm=={env.vllm_version} wheel)"
+    return env.reinstall_then()
+
+
+def judge_planned(state: Snapshot, planned: dict[str, bytes], opt_in: set[str]) -> Planned:
+    """The verdicts of the tree as a plan leaves it (``planned`` in place, judged as every judgement is), and the
+    sha256 of every file that judgement read: what the manifest records for verify's fast path and the guard."""
+    ctx = state.context(planned)
+    judgement = judge(ctx, state.patches, plan=False)
+    reports = as_opt_in(state_reports(judgement, state.patches, NO_STATE), state.patches, opt_in)
+    inputs = {rel: (sha256_bytes(planned[rel]) if rel in planned else state.sha256(rel)) for rel in ctx.files_read()}
+    return Planned(reports, inputs, patch_digest())
+
+
+def judge_reverted(state: Snapshot, to_restore: list[str]) -> tuple[PatchReport, ...]:
+    """The verdicts of the tree as revert leaves it: every file in ``to_restore`` back to its backup's bytes."""
+    restore = {rel: data for rel in to_restore if (data := state.backup(rel)) is not None}
+    ctx = state.reverted_context(restore)
+    judgement = judge(ctx, state.patches, plan=False)
+    return as_opt_in(state_reports(judgement, state.patches, NO_STATE), state.patches, set())
 
 
 def state_reports(

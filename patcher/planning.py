@@ -1,44 +1,36 @@
-"""Planning: what apply or revert will write and record, as one value, from a judged state.
+"""Planning: what apply or revert will write and record, as one value, from a judged snapshot.
 
-A :class:`Plan` holds every file to write with its old and new bytes and the
+A :class:`~patch_dsv4.pipeline.Plan` holds every file to write with its old and new bytes and the
 patches that own it, the manifest to record, the per-patch verdicts as they
 will stand on disk, the notes, and the refusal when there is one. The plan
-functions write nothing and read only through the :class:`State` (each file
-once, so the plan is a function of what was read); a dry run
-renders the plan, apply commits it (:func:`patch_dsv4.transaction.commit`), and
-the report is made from it (:mod:`patch_dsv4.reporting`).
+functions write nothing, read nothing and judge nothing: they take what the
+snapshot holds and what judging gave (the judgement of the planned bytes too,
+:func:`record_judgement`); a dry run renders the plan, apply commits it
+(:func:`patch_dsv4.transaction.commit`), and the report is made from it (:mod:`patch_dsv4.reporting`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 from patch_dsv4 import __version__
 from patch_dsv4.errors import EnvironmentProblem, Refused
 from patch_dsv4.fs import sha256_bytes
-from patch_dsv4.judge import Judged, Judgement, as_opt_in, judge, plan_files, state_reports
 from patch_dsv4.patch import Patch
-from patch_dsv4.quick import patch_digest
-from patch_dsv4.reading import NO_STATE, State, StateView
+from patch_dsv4.pipeline import (
+    Judged,
+    Options,
+    Plan,
+    Planned,
+    Restore,
+    Snapshot,
+    as_opt_in,
+    state_notes,
+    to_restore,
+    unrecorded_notes,
+)
 from patch_dsv4.render import PACKAGE_PREFIX
+from patch_dsv4.rewrite import plan_files
 from patch_dsv4.state import FileEntry, Manifest
-from patch_dsv4.takeover import Restore, foreign_patches, kept_edits, takeover_next
 from patch_dsv4.verdicts import PatchReport, Verdict
-
-
-@dataclass(frozen=True)
-class Options:
-    """What the user asked of apply (or takeover)."""
-
-    only: frozenset[str] = frozenset()
-    with_: frozenset[str] = frozenset()
-    force: bool = False
-    takeover: bool = False
-    dry_run: bool = False
-
-    @property
-    def command(self) -> str:
-        return "takeover" if self.takeover else "apply"
 
 
 def options(
@@ -64,45 +56,20 @@ def _known_ids(patches: list[Patch], ids: list[str] | None, what: str) -> set[st
     return set(ids or ())
 
 
-@dataclass
-class Plan:
-    """One apply or revert, decided: what it writes and records, and the report it will make."""
-
-    command: str  # "apply" | "takeover" | "revert"
-    state: State  # what it was planned from
-    reports: tuple[PatchReport, ...]  # the verdicts as judged (what a dry run shows, and a refusal)
-    notes: list[str]
-    refusal: Refused | None = None  # set: nothing is written, the command fails with it
-    old: dict[str, bytes | None] = field(default_factory=dict)  # each file to write, as it is now
-    new: dict[str, bytes] = field(default_factory=dict)  # ... and as it will be
-    owners: dict[str, list[str]] = field(default_factory=dict)  # each file to write -> the patches editing it
-    originals: dict[str, bytes] = field(default_factory=dict)  # backups that are not the file as it is (takeover)
-    restores: list[Restore] = field(default_factory=list)  # takeover: the other tools' files restored
-    save: list[str] = field(default_factory=list)  # files saved under saved-edits/ before anything is written
-    previous: Manifest | None = None  # the manifest on disk that the write replaces (restored if it fails)
-    manifest: Manifest | None = None  # the manifest to record (None: the state is not written)
-    remove_state: bool = False  # the state is removed first (stale, or revert)
-    after: tuple[PatchReport, ...] = ()  # the verdicts as they will stand on disk
-    installed_after: dict[str, str] = field(default_factory=dict)  # files ours after the write -> pip's sha256
-    summary: str = ""
-
-    @property
-    def writes(self) -> bool:
-        return bool(self.new)
-
-
 # -- apply ------------------------------------------------------------------------------
-def plan_apply(state: State, judged: Judged, opts: Options, notes: list[str]) -> Plan:
+def plan_apply(state: Snapshot, judged: Judged, opts: Options, notes: list[str]) -> Plan:
     """The plan of ``apply`` (or ``takeover``) with ``opts`` on the judged ``state``; ``notes`` so far."""
     env, view, patches = state.env, state.view, state.patches
     command = opts.command
+    if judged.refusal is not None:
+        return Plan(command, state, (), list(notes), refusal=judged.refusal, reported=False)
     notes = list(notes)
     if opts.dry_run and view.kind == "interrupted":
         notes.append("an interrupted apply or revert is pending: apply would finish it first")
     notes += state_notes(view)
     with_ids = set(opts.with_)
     if opts.takeover:
-        kept = kept_edits(judged.found)
+        kept = judged.found.kept_edits()
         mixed = next(((r, who) for r in judged.restores for who in kept if who.startswith(f"{r.relpath}: ")), None)
         if mixed is not None:  # restoring pip's bytes would remove an edit patch-dsv4 has no equivalent for
             return Plan(command, state, (), notes, refusal=_kept_refusal(state, judged, *mixed))
@@ -125,7 +92,7 @@ def plan_apply(state: State, judged: Judged, opts: Options, notes: list[str]) ->
         if not judged.restores:
             notes.append("no other tool's edit was found: nothing to take over")
         notes += [f"{who}: left in place, patch-dsv4 has no equivalent of it" for who in kept]
-        taken = foreign_patches(judged.found) & {p.id for p in patches if p.opt_in}
+        taken = judged.found.foreign_patches() & {p.id for p in patches if p.opt_in}
         if taken - with_ids - state.opt_in_kept:
             notes.append(f"takes over the opt-in {', '.join(sorted(taken))} too, as the other tool's edit was in use")
         with_ids |= taken
@@ -142,7 +109,7 @@ def plan_apply(state: State, judged: Judged, opts: Options, notes: list[str]) ->
         r for r in reports if r.id in chosen and r.verdict in (Verdict.DRIFTED, Verdict.MODIFIED, Verdict.FOREIGN)
     ]
     if blocked:
-        plan.refusal = _refusal(state, judged.now, blocked, chosen)
+        plan.refusal = _refusal(state, judged, blocked, chosen)
         return plan
     planned, owners, drifted = _planned_files(state, judged, chosen)
     if drifted is not None:
@@ -150,7 +117,7 @@ def plan_apply(state: State, judged: Judged, opts: Options, notes: list[str]) ->
         return plan
     for relpath, data in restored.items():
         planned.setdefault(relpath, data)
-    current = {rel: state.bytes_of(rel) for rel in planned}
+    current = {rel: state.held(rel) for rel in planned}
     plan.new = {rel: data for rel, data in planned.items() if data != current[rel]}
     plan.old = {rel: current[rel] for rel in plan.new}
     plan.owners = {rel: owners.get(rel, []) for rel in plan.new}
@@ -168,10 +135,14 @@ def plan_apply(state: State, judged: Judged, opts: Options, notes: list[str]) ->
         if view.kind == "stale":
             plan.remove_state = True
             notes.append("removed the stale state")
-        elif view.kind == "current" and not view.modified and not state.recorded_judgement_holds():
-            plan.manifest = _refreshed_manifest(state)
-            if plan.manifest is not None:
-                notes.append("recorded this build's verdicts for verify and the serve guard")
+        elif view.kind == "current" and not view.modified and not state.recorded_holds:
+            # recorded again (another patch-dsv4, or another FlashInfer, made the last) unless it is what is
+            # recorded already: record_judgement decides, from the judgement of the tree as it is
+            previous = view.manifest
+            plan.manifest = Manifest(
+                env.vllm_version, __version__, _copied_files(previous), opt_in=list(previous.opt_in)
+            )
+            plan.to_judge = {}
         return plan
 
     plan.save = [r.relpath for r in judged.restores]
@@ -189,8 +160,8 @@ def plan_apply(state: State, judged: Judged, opts: Options, notes: list[str]) ->
             entry = manifest.files[relpath] = FileEntry(before=sha256_bytes(before), after="", patches=[])
         entry.after = sha256_bytes(data)
         entry.patches = sorted(set(entry.patches) | set(plan.owners[relpath]))
-    plan.after = _record_judgement(state, manifest, plan.new)
     plan.manifest = manifest
+    plan.to_judge = plan.new
     ours_after = set(plan.new) | (view.ours & set(manifest.files))
     plan.installed_after = {rel: manifest.files[rel].before for rel in ours_after}
     taken = f"took over {len(judged.restores)} file(s), " if opts.takeover else ""
@@ -199,7 +170,7 @@ def plan_apply(state: State, judged: Judged, opts: Options, notes: list[str]) ->
 
 
 def _planned_files(
-    state: State, judged: Judged, chosen: set[str]
+    state: Snapshot, judged: Judged, chosen: set[str]
 ) -> tuple[dict[str, bytes], dict[str, list[str]], Refused | None]:
     """The new bytes of every file the chosen patches change, which patches own each file, and the refusal when
     a chosen patch is drifted where it is planned.
@@ -236,7 +207,7 @@ def _planned_files(
     return planned, owners, None
 
 
-def _unrecorded_write(state: State, plan: Plan, restored: dict[str, bytes]) -> Refused | None:
+def _unrecorded_write(state: Snapshot, plan: Plan, restored: dict[str, bytes]) -> Refused | None:
     """Without --force, a file apply would write must be what pip installed (or what we wrote)."""
     from patch_dsv4.environment import record_digest
 
@@ -255,7 +226,7 @@ def _unrecorded_write(state: State, plan: Plan, restored: dict[str, bytes]) -> R
     return None
 
 
-def _refusal(state: State, judgement: Judgement, blocked: list[PatchReport], chosen: set[str]) -> Refused:
+def _refusal(state: Snapshot, judged: Judged, blocked: list[PatchReport], chosen: set[str]) -> Refused:
     """Why apply will not write, in a few words, and the one command that gets past it."""
     env = state.env
     first = blocked[0]
@@ -271,7 +242,7 @@ def _refusal(state: State, judgement: Judgement, blocked: list[PatchReport], cho
         return Refused(
             f"refusing to apply: {first.id} holds another tool's edit ({first.foreign})",
             f"in {edit.file.replace(PACKAGE_PREFIX, '')}; patch-dsv4 never writes its edit behind another",
-            takeover_next(env, judgement, state.pip_copy),
+            judged.way_out,
         )
     edit = next((e for e in first.edits if e.verdict is first.verdict), None)
     why = edit.detail if edit is not None else first.detail
@@ -289,7 +260,7 @@ def _refusal(state: State, judgement: Judgement, blocked: list[PatchReport], cho
     )
 
 
-def _kept_refusal(state: State, judged: Judged, restore: Restore, who: str) -> Refused:
+def _kept_refusal(state: Snapshot, judged: Judged, restore: Restore, who: str) -> Refused:
     """A file to take over also holds another tool's edit patch-dsv4 never removes: the take-over stops there."""
     taken = sorted(
         pid
@@ -309,26 +280,14 @@ def _copied_files(manifest: Manifest) -> dict[str, FileEntry]:
     return {rel: FileEntry(e.before, e.after, list(e.patches)) for rel, e in manifest.files.items()}
 
 
-def _refreshed_manifest(state: State) -> Manifest | None:
-    """The manifest with this build's judgement (another patch-dsv4, or another FlashInfer, made the last), or
-    None when it is what is recorded already (an apply with nothing to do writes nothing twice).
+def record_judgement(plan: Plan, planned: Planned) -> Plan:
+    """``plan`` with the judgement of the tree as it leaves it (``planned``, :func:`patch_dsv4.judge.judge_planned`
+    over ``plan.to_judge``) kept in its manifest, for verify's fast path and the guard.
 
-    Without it, verify and the guard judge in full on every run until a file changes.
+    A manifest recorded again on a tree left as it is is dropped when it is what is recorded already (an apply
+    with nothing to do writes nothing twice).
     """
-    previous = state.view.manifest
-    manifest = Manifest(vllm_version=state.env.vllm_version, tool_version=__version__, opt_in=list(previous.opt_in))
-    manifest.files = _copied_files(previous)
-    _record_judgement(state, manifest, {})
-    return None if manifest.to_json() == previous.to_json() else manifest
-
-
-def _record_judgement(state: State, manifest: Manifest, planned: dict[str, bytes]) -> tuple[PatchReport, ...]:
-    """The verdicts of the tree as the plan leaves it (judged as every judgement is), kept in ``manifest`` for
-    verify's fast path and the guard, with the hash of every file that judgement read."""
-    env = state.env
-    ctx = state.context(planned)
-    judgement = judge(ctx, state.patches, plan=False)
-    reports = as_opt_in(state_reports(judgement, state.patches, NO_STATE), state.patches, set(manifest.opt_in))
+    state, manifest = plan.state, plan.manifest
     manifest.verdicts = {
         r.id: {
             "title": r.title,
@@ -337,34 +296,24 @@ def _record_judgement(state: State, manifest: Manifest, planned: dict[str, bytes
             "detail": r.detail,
             "edits": [e.to_json() for e in r.edits],
         }
-        for r in reports
+        for r in planned.reports
     }
-    manifest.inputs = {
-        rel: (sha256_bytes(planned[rel]) if rel in planned else state.sha256(rel)) for rel in ctx.files_read()
-    }
-    manifest.flashinfer = {"version": env.flashinfer_version, "source": env.flashinfer_source}
-    manifest.patch_digest = patch_digest()
-    return reports
+    manifest.inputs = planned.inputs
+    manifest.flashinfer = {"version": state.env.flashinfer_version, "source": state.env.flashinfer_source}
+    manifest.patch_digest = planned.patch_digest
+    if plan.writes:
+        plan.after = planned.reports
+    elif manifest.to_json() == state.view.manifest.to_json():
+        plan.manifest = None
+    else:
+        plan.notes.append("recorded this build's verdicts for verify and the serve guard")
+    return plan
 
 
 # -- revert -----------------------------------------------------------------------------
-def judge_reverted(state: State) -> tuple[PatchReport, ...]:
-    """The verdicts of the tree as revert leaves it: every file we wrote back to its backup's bytes."""
-    restore = {rel: data for rel in _to_restore(state) if (data := state.backup(rel)) is not None}
-    ctx = state.reverted_context(restore)
-    judgement = judge(ctx, state.patches, plan=False)
-    return as_opt_in(state_reports(judgement, state.patches, NO_STATE), state.patches, set())
-
-
-def _to_restore(state: State) -> list[str]:
-    view = state.view
-    if view.kind in ("none", "stale"):
-        return []
-    # a file reinstalled since holds the release's own bytes already
-    return [rel for rel in view.manifest.files if rel in view.ours or rel in view.modified]
-
-
-def plan_revert(state: State, reverted: tuple[PatchReport, ...], discard_local_edits: bool, notes: list[str]) -> Plan:
+def plan_revert(
+    state: Snapshot, reverted: tuple[PatchReport, ...], discard_local_edits: bool, notes: list[str]
+) -> Plan:
     """The plan of ``revert``: every file we wrote back to its backup, the state removed; ``reverted`` are the
     verdicts of the tree it leaves."""
     env, view = state.env, state.view
@@ -384,8 +333,8 @@ def plan_revert(state: State, reverted: tuple[PatchReport, ...], discard_local_e
             f"patch-dsv4 revert --discard-local-edits{env.target.args()} (saves your edit first)",
         )
         return plan
-    for relpath in _to_restore(state):
-        backup = state.backup(relpath)
+    for relpath in to_restore(view):
+        backup = state.held_backup(relpath)
         if backup is None:
             plan.refusal = Refused(
                 f"refusing to revert {relpath}",
@@ -394,28 +343,10 @@ def plan_revert(state: State, reverted: tuple[PatchReport, ...], discard_local_e
             )
             return plan
         plan.new[relpath] = backup
-        plan.old[relpath] = state.bytes_of(relpath)
+        plan.old[relpath] = state.held(relpath)
         plan.owners[relpath] = list(view.manifest.files[relpath].patches)
     plan.previous = view.manifest
     plan.save = sorted(view.modified)
     plan.summary = f"restored {len(plan.new)} file(s)"
     plan.installed_after = {rel: view.manifest.files[rel].before for rel in plan.new}
     return plan
-
-
-# -- notes --------------------------------------------------------------------------------
-def state_notes(view: StateView) -> list[str]:
-    if view.kind == "stale":
-        return [f"state written for vLLM {view.manifest.vllm_version} is stale: its backups will never be restored"]
-    if view.kind == "interrupted":
-        return ["an earlier apply or revert was interrupted; the next apply or revert finishes it"]
-    return []
-
-
-def unrecorded_notes(judgement: Judgement, view: StateView, restored: dict[str, bytes] | None = None) -> list[str]:
-    """A file that is not what pip installed, said once: it changes no verdict, but guards the writes."""
-    return [
-        f"{why}: each patch is judged from its own code there; apply writes it only with --force"
-        for rel, why in judgement.unrecorded.items()
-        if rel not in view.ours and rel not in (restored or {})
-    ]

@@ -561,6 +561,13 @@ def recorded_verdicts(site: Site, manifest: dict | None = None, hasher: Hasher |
     return Recorded(verdicts, detail, opt_in, dict(inputs))
 
 
+def vouched(site: Site, asked) -> Recorded | None:
+    """verify's fast path, the one: the recorded verdicts, when the hashes vouch for them and the state keeps every
+    opt-in in ``asked``; None where verify judges in full."""
+    recorded = recorded_verdicts(site)
+    return recorded if recorded is not None and set(asked) <= set(recorded.opt_in) else None
+
+
 def _file_set_changed(site: Site, record: dict) -> bool:
     """Whether the DeepSeek-V4 package holds other files than the record lists (another build)."""
     return file_set_change(record, listed_package_files(site.site_packages)) is not None

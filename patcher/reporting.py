@@ -1,5 +1,6 @@
-"""Reports: the :class:`patch_dsv4.verdicts.Report` each command returns, made from its judged state or its plan
-(the CLI renders it: :mod:`patch_dsv4.render`)."""
+"""Reports: the :class:`patch_dsv4.verdicts.Report` each command returns, made from its judged snapshot or its plan
+(the CLI renders it: :mod:`patch_dsv4.render`). Nothing here reads: the hashes and the state it names are what the
+snapshot holds, and what the plan did to them."""
 
 from __future__ import annotations
 
@@ -8,16 +9,12 @@ from dataclasses import replace
 
 from patch_dsv4 import serving
 from patch_dsv4.errors import EXIT_OK
-from patch_dsv4.judge import Judged, as_opt_in
-from patch_dsv4.planning import Plan, state_notes, unrecorded_notes
-from patch_dsv4.reading import State
-from patch_dsv4.takeover import takeover_next
-from patch_dsv4.transaction import Committed
+from patch_dsv4.pipeline import Committed, Judged, Plan, Snapshot, as_opt_in, state_notes, unrecorded_notes
 from patch_dsv4.verdicts import PatchReport, Report, Verdict, next_step, summary_line
 
 
 def report(
-    state: State,
+    state: Snapshot,
     command: str,
     reports: tuple[PatchReport, ...],
     kind: str,
@@ -26,9 +23,13 @@ def report(
     diff: str | None = None,
     notes=(),
     backups: bool = True,
+    manifest_left: bool | None = None,
 ) -> Report:
+    """``manifest_left``: whether the command leaves a manifest (default: whether it found one)."""
     env = state.env
     store = state.store
+    if manifest_left is None:
+        manifest_left = state.view.manifest is not None
     return Report(
         command=command,
         target=str(env.site_packages),
@@ -42,11 +43,11 @@ def report(
         changed_files=tuple(changed),
         diff=diff,
         notes=tuple(notes),
-        backups=str(store.dir_path / "backups") if backups and store.manifest_exists() else None,
+        backups=str(store.dir_path / "backups") if backups and manifest_left else None,
     )
 
 
-def status_report(state: State, judged: Judged, command: str = "status", asked=frozenset()) -> Report:
+def status_report(state: Snapshot, judged: Judged, command: str = "status", asked=frozenset()) -> Report:
     """The verdicts of the state as judged; the way out named where another tool's edit stands.
 
     ``asked``: opt-ins asked for besides those the state keeps (verify --with, PATCH_DSV4_WITH).
@@ -57,15 +58,14 @@ def status_report(state: State, judged: Judged, command: str = "status", asked=f
     out = report(state, command, reports, state.kind, notes=notes)
     bad = [r for r in reports if r.verdict.needs_action]
     if any(r.verdict is Verdict.FOREIGN for r in bad):  # the way out is not apply: say which it is
-        foreign_next = takeover_next(state.env, judged.now, state.pip_copy)
-        out = replace(out, next_step=next_step(state.env.target.args(), bad, foreign_next))
+        out = replace(out, next_step=next_step(state.env.target.args(), bad, judged.way_out))
     return replace(out, build=state.build_identity(), fingerprint=judged_fingerprint(state, judged, reports, opt_in))
 
 
-def judged_fingerprint(state: State, judged: Judged, reports, opt_in) -> serving.Fingerprint:
-    """What the tree as judged serves: ``reports``' verdicts, and every file the judgement read as it is."""
-    files = {rel: state.sha256(rel) for rel in judged.ctx.files_read()}
-    return serving.of_judged(state.env, opt_in, reports, files)
+def judged_fingerprint(state: Snapshot, judged: Judged, reports, opt_in) -> serving.Fingerprint:
+    """What the tree as judged serves: ``reports``' verdicts, and every file the judgement read as it was read."""
+    files = {rel: state.held_sha256(rel) for rel in judged.ctx.files_read()}
+    return serving.of_judged(state.env, state.build.served, opt_in, reports, files)
 
 
 def dry_run_report(plan: Plan) -> Report:
@@ -99,11 +99,14 @@ def committed_report(plan: Plan, committed: Committed) -> Report:
         kind = state.kind if plan.previous is None else "none"
         out = report(state, "revert", plan.after, kind, plan.summary, sorted(plan.new), notes=notes, backups=False)
         return replace(out, saved_edits=committed.saved_edits, build=state.build_identity(plan.installed_after))
-    served = serving.of_manifest(state.env, plan.manifest) if plan.manifest is not None else None
+    served = serving.of_manifest(state.env, state.build.served, plan.manifest) if plan.manifest is not None else None
     if not plan.writes:
-        out = report(state, plan.command, plan.reports, state.kind, plan.summary, notes=notes)
+        left = plan.manifest is not None or (state.view.manifest is not None and not plan.remove_state)
+        out = report(state, plan.command, plan.reports, state.kind, plan.summary, notes=notes, manifest_left=left)
         return replace(out, build=state.build_identity(), fingerprint=served)
-    out = report(state, plan.command, plan.after, "current", plan.summary, changed=plan.new, notes=notes)
+    out = report(
+        state, plan.command, plan.after, "current", plan.summary, changed=plan.new, notes=notes, manifest_left=True
+    )
     return replace(
         out, build=state.build_identity(plan.installed_after), saved_edits=committed.saved_edits, fingerprint=served
     )

@@ -274,12 +274,12 @@ def of_recorded(site, recorded) -> Fingerprint:
     )
 
 
-def of_judged(env, opt_in, reports, files: dict) -> Fingerprint:
+def of_judged(env, build: str | None, opt_in, reports, files: dict) -> Fingerprint:
     """The fingerprint of a tree judged in full: ``reports`` (each with ``id`` and ``verdict``) and the sha256 of
-    every file the judgement read (``files``)."""
+    every file the judgement read (``files``); ``build``: :func:`build_identity` of its dist-info, as read."""
     return Fingerprint(
         env.vllm_version,
-        build_identity(dist_info_of(env)),
+        build,
         env.flashinfer_version,
         env.flashinfer_source,
         opt_in,
@@ -288,11 +288,11 @@ def of_judged(env, opt_in, reports, files: dict) -> Fingerprint:
     )
 
 
-def of_manifest(env, manifest) -> Fingerprint:
+def of_manifest(env, build: str | None, manifest) -> Fingerprint:
     """The fingerprint of the tree a write just left: the judgement its manifest records."""
     return Fingerprint(
         env.vllm_version,
-        build_identity(dist_info_of(env)),
+        build,
         env.flashinfer_version,
         env.flashinfer_source,
         manifest.opt_in,
@@ -330,17 +330,3 @@ def write_differences(found: list[str], stream=None) -> None:
     stream = stream or sys.stderr
     for line in found:
         stream.write(f"patch-dsv4: fingerprint differs from the expected one: {line}\n")
-
-
-def tree_fingerprint(env, lock_timeout: float = 300.0, on_wait=None) -> Fingerprint:
-    """The fingerprint of an Environment's tree: from the hashes when they vouch for a judgement (as the guard
-    makes it), else from a full judgement (as status makes it)."""
-    from patch_dsv4 import quick
-
-    site = quick.site_of(env)
-    known = quick.known_judgement(site)
-    if known is not None:
-        return of_recorded(site, known)
-    from patch_dsv4 import commands
-
-    return commands.status(env, lock_timeout=lock_timeout, on_wait=on_wait).fingerprint

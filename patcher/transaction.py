@@ -22,15 +22,12 @@ from __future__ import annotations
 import copy
 import stat
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from patch_dsv4.environment import Environment
 from patch_dsv4.errors import EnvironmentProblem, Refused
 from patch_dsv4.fs import Dir, Owner, UnsafePath, checkpoint, sha256_bytes
+from patch_dsv4.pipeline import Committed, Plan
 from patch_dsv4.state import STATE_DIR, Manifest, StateStore
-
-if TYPE_CHECKING:
-    from patch_dsv4.planning import Plan
 
 
 class WriteFailed(EnvironmentProblem):
@@ -248,8 +245,9 @@ def _restore_manifest(store: StateStore, manifest: Manifest) -> bool:
 
 
 # -- recovery -----------------------------------------------------------------------------
-def recover(env: Environment, store: StateStore) -> list[str]:
-    """Finish what a killed apply or revert started (call with the lock held); notes on what was done.
+def recover(env: Environment, store: StateStore) -> tuple[list[str], Manifest | None | bool, Refused | None]:
+    """Finish what a killed apply or revert started (call with the lock held): notes on what was done, the
+    manifest as it leaves it (True where it wrote one: read it again), and the refusal where it cannot finish.
 
     A journalled apply is rolled forward from its staged copies, a journalled
     revert from the backups; temp files a killed writer left are removed. A
@@ -264,24 +262,26 @@ def recover(env: Environment, store: StateStore) -> list[str]:
         if store.holds_more_than_saved_edits():
             _drop_orphan_state(env, store)
             notes.append("removed the state an interrupted first apply left before its journal")
-        return notes
+        return notes, None, None
     store.remove_stray_temps()
     if manifest.transaction is None:
         if store.copies("staged"):
             store.clear_staged()
-        return notes
+        return notes, manifest, None
     op = manifest.transaction["op"]
     source = "staged" if op == "apply" else "backups"
-    _replay(env, store, manifest, source)
+    refusal = _replay(env, store, manifest, source)
+    if refusal is not None:
+        return notes, manifest, refusal
     if op == "apply":
         manifest.transaction = None
         store.save(manifest)
         store.clear_staged()
         notes.append("finished an interrupted apply from its journal")
-    else:
-        store.remove()
-        notes.append("finished an interrupted revert from its journal")
-    return notes
+        return notes, True, None
+    store.remove()
+    notes.append("finished an interrupted revert from its journal")
+    return notes, None, None
 
 
 def _remove_stray_temps(env: Environment, relpath: str) -> None:
@@ -306,11 +306,11 @@ def _drop_orphan_state(env: Environment, store: StateStore) -> None:
     store.remove()
 
 
-def _replay(env: Environment, store: StateStore, manifest: Manifest, source: str) -> None:
+def _replay(env: Environment, store: StateStore, manifest: Manifest, source: str) -> Refused | None:
     """Move each file of the journalled transaction to its "to" bytes, read from the ``source`` copies.
 
     A file already there is left alone; one that is neither "from" nor "to"
-    changed behind our back and stops the replay, nothing more written.
+    changed behind our back and stops the replay, nothing more written: the refusal says so.
     """
     op = manifest.transaction["op"]
     for relpath, move in manifest.transaction["files"].items():
@@ -318,27 +318,20 @@ def _replay(env: Environment, store: StateStore, manifest: Manifest, source: str
         if now == move["to"]:
             continue
         if now != move["from"]:
-            raise Refused(
+            return Refused(
                 f"cannot finish the interrupted {op} of {relpath}",
                 "the file changed since",
                 env.reinstall_then(op),
             )
         data = store.read_copy(source, relpath)
         if data is None or sha256_bytes(data) != move["to"]:
-            raise Refused(f"the saved copy of {relpath} is missing or damaged", "", f"{env.reinstall()}")
+            return Refused(f"the saved copy of {relpath} is missing or damaged", "", f"{env.reinstall()}")
         st = env.tree.stat(relpath)
         _replace(env, relpath, data, Owner(st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)))
+    return None
 
 
 # -- committing a plan ----------------------------------------------------------------------
-@dataclass
-class Committed:
-    """What committing a plan did beyond the plan itself: where edits were saved, and notes."""
-
-    saved_edits: tuple[str, ...] = ()
-    notes: tuple[str, ...] = ()
-
-
 def commit(plan: Plan) -> Committed:
     """Carry out ``plan`` (call with the lock held, never with a refusal): save the files it saves, write its
     files and its manifest, all or none, or remove the state it removes."""
