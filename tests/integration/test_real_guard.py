@@ -23,6 +23,8 @@ from tests.integration.conftest import RealVenv, clean_env
 pytestmark = pytest.mark.real_vllm
 
 VL_MODEL = "vllm/models/deepseek_v4/common/vl_model.py"
+#: what the guard names for stream-load on a pristine 0.30.0: V4's vision class and V4.1's (nvidia/ and amd/)
+STREAM_LOAD_FILES = f"{VL_MODEL}, vllm/models/deepseek_v41/amd/vl_model.py, vllm/models/deepseek_v41/nvidia/vl_model.py"
 MESSAGE = "patch-dsv4: this vLLM lacks patches"
 OURS = "patch-dsv4"
 ANSWER = "PATCH_DSV4_CALL="
@@ -131,7 +133,7 @@ def test_strict_refuses_a_pending_tree(venv, server):
     r = server.call(PATCH_DSV4_GUARD="strict")
     assert r["rc"] == 1 and r["guard_imported"], r["output"]
     assert "PatchesNotInPlace" in r["output"], r["output"]
-    assert_names(r["output"], venv, f"stream-load is pending ({VL_MODEL})", "wide-swa is pending")
+    assert_names(r["output"], venv, f"stream-load is pending ({STREAM_LOAD_FILES})", "wide-swa is pending")
 
 
 def test_warn_and_unset_log_an_error_on_a_pending_tree_and_let_vllm_start(venv, server):
@@ -141,7 +143,7 @@ def test_warn_and_unset_log_an_error_on_a_pending_tree_and_let_vllm_start(venv, 
         assert r["rc"] == 0 and "load_general_plugins() returned" in r["output"], (env, r["output"])
         (line,) = _our_lines(r["output"])  # one line, through vLLM's logger (its format: level, date, file)
         assert line.startswith("ERROR ") and "[guard.py:" in line, line
-        assert_names(line, venv, f"stream-load is pending ({VL_MODEL})", "wide-swa is pending")
+        assert_names(line, venv, f"stream-load is pending ({STREAM_LOAD_FILES})", "wide-swa is pending")
 
 
 def test_a_hand_edited_patched_file_is_named_as_modified(venv, server):
@@ -156,13 +158,13 @@ def test_a_hand_edited_patched_file_is_named_as_modified(venv, server):
     finally:
         path.write_bytes(applied)
     assert strict["rc"] == 1, strict["output"]
-    assert_names(strict["output"], venv, f"stream-load is modified ({VL_MODEL})")
+    assert_names(strict["output"], venv, f"stream-load is modified ({VL_MODEL}")
     assert "wide-swa" not in strict["output"]  # still applied and intact
     for r in (warn, unset):
         assert r["rc"] == 0, r["output"]
         (line,) = _our_lines(r["output"])
         assert line.startswith("ERROR ")
-        assert_names(line, venv, f"stream-load is modified ({VL_MODEL})")
+        assert_names(line, venv, f"stream-load is modified ({VL_MODEL}")
 
 
 def test_an_applied_tree_starts_without_a_word_of_ours(venv, server):
@@ -188,7 +190,7 @@ def test_vllm_serve_help_refuses_a_pending_tree_in_strict_mode(venv):
     proc = venv.run([venv.bin("vllm"), "serve", "--help"], env={"PATCH_DSV4_GUARD": "strict"})
     assert proc.rc != 0, proc.tail()
     assert "PatchesNotInPlace" in proc.output, proc.tail()
-    assert_names(proc.output, venv, f"stream-load is pending ({VL_MODEL})", "wide-swa is pending")
+    assert_names(proc.output, venv, f"stream-load is pending ({STREAM_LOAD_FILES})", "wide-swa is pending")
 
 
 # -- PATCH_DSV4_EXPECT: every rank compares what it serves with the image's fingerprint ----------
