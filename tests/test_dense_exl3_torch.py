@@ -180,7 +180,8 @@ def test_exl3_o_projection_equals_the_dense_reference(variant, rope):
     # vLLM's BF16 path for one group: inverse RoPE, einsum("tgd,grd->tgr") with wo_a, flatten, wo_b
     o_ref = _inverse_rope_gptj(o, positions, layer.rotary_emb.cos_sin_cache, ROPE).to(torch.float64)
     z = torch.einsum("tgd,grd->tgr", o_ref.reshape(T, 1, -1), weight.to(torch.float16).to(torch.float64)[None])
-    reference = z.flatten(1) @ layer.wo_b.weight.to(torch.float64).T
+    # the group's output reaches wo_b in the attention output's dtype (BF16), as in vLLM's einsum path
+    reference = z.flatten(1).to(torch.bfloat16).to(torch.float64) @ layer.wo_b.weight.to(torch.float64).T
     torch.testing.assert_close(out.to(torch.float64), reference, rtol=2e-2, atol=2e-2)
     assert linear.seen == [(torch.float16, True, torch.float32, (T, HEADS * HEAD_DIM))]  # fp16 in, fp32 out
 
