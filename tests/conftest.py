@@ -78,3 +78,19 @@ def make_tree(tmp_path_factory):
 
 
 RELEASE_PARAMS = [pytest.param(v, id=f"vllm-{v}") for v in RELEASES]
+
+
+@pytest.fixture
+def running(monkeypatch):
+    """Make the serve guard see ``tree``'s vLLM as the one this process imported (``running(tree)``)."""
+    import types
+
+    from patch_dsv4 import guard
+
+    def run_in(tree):
+        module = types.ModuleType("vllm")
+        module.__file__ = str(tree / "vllm" / "__init__.py")
+        monkeypatch.setitem(sys.modules, "vllm", module)
+        monkeypatch.setattr(guard, "_reported", False)
+
+    return run_in

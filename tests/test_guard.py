@@ -8,26 +8,12 @@ from __future__ import annotations
 
 import logging
 import sys
-import types
 
 import pytest
 
 from patch_dsv4 import guard
 from patch_dsv4.patches.stream_load import VL_MODEL
 from tests.releases import PINNED_FLASHINFER, hand_edit, install_flashinfer_sources
-
-
-@pytest.fixture
-def running(monkeypatch):
-    """Make the guard see ``tree``'s vLLM as the one this process imported."""
-
-    def run_in(tree):
-        module = types.ModuleType("vllm")
-        module.__file__ = str(tree / "vllm" / "__init__.py")
-        monkeypatch.setitem(sys.modules, "vllm", module)
-        monkeypatch.setattr(guard, "_reported", False)
-
-    return run_in
 
 
 def _records(caplog):

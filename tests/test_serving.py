@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import logging
-import sys
-import types
 
 import pytest
 
@@ -187,17 +185,6 @@ def test_an_unknown_opt_in_in_patch_dsv4_with_is_a_usage_error(command, make_tre
 
 
 # -- the guard with PATCH_DSV4_EXPECT ----------------------------------------------------------
-@pytest.fixture
-def running(monkeypatch):
-    def run_in(tree):
-        module = types.ModuleType("vllm")
-        module.__file__ = str(tree / "vllm" / "__init__.py")
-        monkeypatch.setitem(sys.modules, "vllm", module)
-        monkeypatch.setattr(guard, "_reported", False)
-
-    return run_in
-
-
 def _records(caplog):
     return [r for r in caplog.records if r.name == "vllm.patch_dsv4"]
 
