@@ -73,35 +73,47 @@ def check_pack_kind(ctx: DoctorContext) -> Row:
                 "[32, 32] FP8 scales would map to weight_scale_inv, which no parameter has.",
                 "Install a vllm-exl3 with DeepSeek-V4.1 support (it needs no model-code edit and no patch).",
             )
-        needs = (
-            "vllm-exl3 with its V4.1 shim, which is installed"
-            if plugin
-            else "vllm-exl3 with its V4.1 shim (no vLLM environment read to tell whether it is installed)"
-        )
+        if plugin:
+            needs = "vllm-exl3 with its V4.1 shim, which is installed"
+        elif ctx.runtime is None:
+            needs = "vllm-exl3 with its V4.1 shim (no vLLM environment was read to tell whether it is installed)"
+        else:
+            needs = "vllm-exl3 with its V4.1 shim (vllm-exl3 is not installed: see rt.plugin)"
         return Row("v41.pack-kind", PASS, f"{detail} It needs {needs}; no patch-dsv4 opt-in.")
     where = [f"{place} ({scan.v41.first_exl3[place]})" for place in places]
     if scan.mtp_format() == "exl3" and "draft" not in places:
         where.append("draft experts")
     detail = f"dense EXL3: EXL3 tensors outside the routed experts, in {first_of(where)}"
+    switches = []
+    if "shared expert" in places:
+        switches.append("VLLM_DISABLE_SHARED_EXPERTS_STREAM=1")
+    if "compressor" in places:
+        switches.append("the aux-streams opt-in with PATCH_DSV4_AUX_STREAMS=0")
+    opt_ins = (
+        f" Served so, this kind also needs {' and '.join(switches)} (v41.shared-stream, v41.aux-streams)."
+        if switches
+        else ""
+    )
     if ctx.runtime is None:
         return Row(
             "v41.pack-kind",
             INFO,
             detail + "; it serves only with an in-tree EXL3 method (MiaAI-Lab's image); no vLLM environment was "
-            "read to tell.",
+            "read to tell." + opt_ins,
         )
     in_tree = ctx.runtime.vllm_root is not None and (ctx.runtime.vllm_root / IN_TREE_EXL3).is_file()
     if in_tree:
         return Row(
             "v41.pack-kind",
             PASS,
-            detail + f"; the serving vLLM has an in-tree EXL3 method ({IN_TREE_EXL3}, MiaAI-Lab's), which loads them.",
+            detail + f"; the serving vLLM has an in-tree EXL3 method ({IN_TREE_EXL3}, MiaAI-Lab's), which loads "
+            "them." + opt_ins,
         )
     return Row(
         "v41.pack-kind",
         FAIL,
         detail + f"; vLLM {ctx.runtime.vllm_version or ''} has no in-tree EXL3 method and vllm-exl3 loads only routed "
-        "EXL3 experts for V4.1, so these tensors have no parameter to load into.",
+        "EXL3 experts for V4.1, so these tensors have no parameter to load into." + opt_ins,
         "Serve this pack with MiaAI-Lab's image (its in-tree exl3.py and model edits), or use a routed-only "
         "EXL3 pack; patch-dsv4 has no V4.1 dense-EXL3 port yet.",
     )
