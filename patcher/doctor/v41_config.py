@@ -37,6 +37,7 @@ OPTIONAL = (
     "sliding_window",
     "num_nextn_predict_layers",
     "dspark_n_routed_experts",
+    "dspark_block_size",
     "engram_head_dim",
     "engram_n_heads",
     "engram_max_ngram_size",

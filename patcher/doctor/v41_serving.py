@@ -325,6 +325,14 @@ def check_flashinfer(ctx: DoctorContext) -> Row:
             f"{', '.join(skewed)} beside flashinfer-python {version}: its precompiled modules shadow the package's"
         )
         fixes.append("pip uninstall " + " ".join(s.split()[0] for s in skewed) + f" (or install them at {version})")
+    kernel, kernel_note = _sm120_kernel(ctx, version is not None)
+    if kernel:
+        return Row(
+            "v41.flashinfer",
+            FAIL,
+            kernel + (f"; also {'; '.join(problems)}" if problems else "") + ".",
+            "; ".join(fixes) if fixes else "install a FlashInfer whose SM120 DSV4 decode table has that pair",
+        )
     if problems:
         return Row(
             "v41.flashinfer",
@@ -334,4 +342,57 @@ def check_flashinfer(ctx: DoctorContext) -> Row:
         )
     extra = f", {', '.join(f'{n} {v}' for n, v in others)}" if others else ""
     pinned = " (the version vLLM pins)" if pin else " (vLLM pins none)"
-    return Row("v41.flashinfer", PASS, f"flashinfer-python {version}{pinned}{extra}.")
+    return Row("v41.flashinfer", PASS, f"flashinfer-python {version}{pinned}{extra}; {kernel_note}.")
+
+
+DECODE_HEADS = (
+    8,
+    16,
+    32,
+    64,
+    128,
+)  # what the SM120 decode pads a rank's heads to (V34 deepseek_v41 flashinfer_sparse.py)
+
+
+def _sm120_kernel(ctx: DoctorContext, installed: bool) -> tuple[str | None, str]:
+    """(why vLLM stops at attention init, or None; what was checked): on SM12x the installed FlashInfer's
+    ``_DECODE_DSV4_DISPATCH`` must hold (the rank's heads padded to 8/16/32/64/128, the window width):
+    sliding_window, or ceil((sliding_window + k) / 64) x 64 with ``use_non_causal`` and a DSpark draft of k
+    tokens (V34 models/deepseek_v41/nvidia/flashinfer_sparse.py:605-613, utils/flashinfer.py:502-514)."""
+    from .runtime import decode_table
+    from .serving_env import find_package
+
+    numbers = v41_numbers(ctx)
+    window = numbers.get("sliding_window") if numbers else None
+    tp = tensor_parallel_size(ctx)
+    if not installed or numbers is None or window is None or tp is None:
+        return None, "the SM120 decode table was not checked (no FlashInfer, sliding_window or TP to read)"
+    found, problem = gpus(ctx)
+    if not found:
+        return None, f"the SM120 decode table is checked on SM12x only, and the GPU could not be told ({problem})"
+    if not any(gpu.sm // 10 == 12 for gpu in found):
+        return None, f"GPU sm_{found[0].sm} does not decode through FlashInfer's SM120 kernels"
+    local = -(-numbers["num_attention_heads"] // tp)
+    heads = next((h for h in DECODE_HEADS if h >= local), local)
+    attention = json_flag(ctx, "--attention-config")
+    spec = json_flag(ctx, "--speculative-config")
+    width = window
+    if isinstance(attention, dict) and attention.get("use_non_causal") is True and dspark_on(ctx):
+        k = spec.get("num_speculative_tokens") if isinstance(spec, dict) else None
+        k = (
+            k
+            if isinstance(k, int) and not isinstance(k, bool) and 0 < k < 1 << 20
+            else numbers.get("dspark_block_size")
+        )
+        width = -(-(window + (k or 0)) // 64) * 64
+    package = find_package(ctx.runtime.site_dirs, "flashinfer")
+    table = decode_table(package) if package is not None and package.is_dir() else None
+    if table is None or table.pairs is None:
+        return None, f"the SM120 decode table for (heads={heads}, width={width}) is a run-time predicate or absent"
+    if (heads, width) in table.pairs:
+        return None, f"(heads={heads}, width={width}) is in its SM120 decode table"
+    return (
+        f"FlashInfer has no SM120 DSV4 decode kernel for (heads={heads}, width={width}) in "
+        f"{table.source.name}: vLLM stops at attention init",
+        "",
+    )

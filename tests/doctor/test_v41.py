@@ -19,7 +19,7 @@ from patch_dsv4.doctor.family import V4, V41, family_of, flatten_v41
 from patch_dsv4.doctor.fix_config import fix_config
 from patch_dsv4.doctor.run import CHECKS, V4_ONLY, _register_checks
 from patch_dsv4.doctor.v41_config import v41_config_edits
-from tests.doctor.fake_runtime import nvidia_smi, write_meminfo
+from tests.doctor.fake_runtime import install_flashinfer, nvidia_smi, write_meminfo
 from tests.doctor.synthetic import PACK_CHECKS, build_mixedk_pack, fake_vllm, run_pack_checks
 from tests.doctor.synthetic_v41 import SMALL41, VARIANTS, build_v41_pack, build_v41_variant, v41_config
 from tests.releases import pristine_tree
@@ -408,3 +408,30 @@ def test_check_specs_are_bound_to_one_family_or_none():
     _register_checks()
     assert all(isinstance(spec, CheckSpec) and spec.family in (None, V4, V41) for spec in CHECKS)
     assert all(spec.id.startswith("v41.") for spec in CHECKS if spec.family == V41)
+
+
+def test_the_sm120_decode_table_of_a_real_flashinfer_is_read_on_sm12x(flash, tmp_path):
+    """FlashInfer 0.6.18.post1's _DECODE_DSV4_DISPATCH (a pair set) holds (32, 128) for TP2's 32 heads and the
+    128-token window, and (32, 192) for a DSpark draft of 5 with use_non_causal; a 200-token draft widens
+    the window to 384, which it lacks. FlashInfer 0.7.4's table is a run-time predicate: not judged."""
+    pack = flash
+    gb10 = tmp_path / "gb10"
+    nvidia_smi(gb10, [GB10])
+    site = tmp_path / "site"
+    runtime = fake_vllm(site, version="0.30.0")
+    install_flashinfer(site, "0.6.18.post1")
+    environ = {"PATH": str(gb10)}
+    ok = all_rows(pack, "-tp 2", runtime=runtime, environ=environ)["v41.flashinfer"]
+    assert ok.status == PASS and "(heads=32, width=128) is in its SM120 decode table" in ok.detail, ok
+    causal = """--attention-config '{"use_non_causal": true}' --speculative-config.method dspark"""
+    assert "width=192" in all_rows(pack, f"-tp 2 {causal}", runtime=runtime, environ=environ)["v41.flashinfer"].detail
+    wide = """--attention-config '{"use_non_causal": true}' --speculative-config '{"method": "dspark", \
+"num_speculative_tokens": 200}'"""
+    row = all_rows(pack, f"-tp 2 {wide}", runtime=runtime, environ=environ)["v41.flashinfer"]
+    assert row.status == FAIL and "no SM120 DSV4 decode kernel for (heads=32, width=384)" in row.detail
+    newer = tmp_path / "site-074"
+    runtime = fake_vllm(newer, version="0.34.0")
+    install_flashinfer(newer, "0.7.4")
+    row = all_rows(pack, "-tp 2", runtime=runtime, environ=environ)["v41.flashinfer"]
+    assert row.status == PASS and "run-time predicate" in row.detail
+    assert "could not be told" in all_rows(pack, "-tp 2", runtime=runtime)["v41.flashinfer"].detail
