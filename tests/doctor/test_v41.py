@@ -9,6 +9,7 @@ instead of the pack's config would fail on it.
 from __future__ import annotations
 
 import json
+import platform
 from dataclasses import replace
 from pathlib import Path
 
@@ -19,7 +20,16 @@ from patch_dsv4.doctor.family import V4, V41, family_of, flatten_v41
 from patch_dsv4.doctor.fix_config import fix_config
 from patch_dsv4.doctor.run import CHECKS, V4_ONLY, _register_checks
 from patch_dsv4.doctor.v41_config import v41_config_edits
-from tests.doctor.fake_runtime import install_flashinfer, nvidia_smi, write_meminfo
+from tests.conftest import run_cli
+from tests.doctor.fake_runtime import (
+    install_exllamav3,
+    install_flashinfer,
+    install_plugin,
+    install_torch,
+    nvidia_smi,
+    toolchain,
+    write_meminfo,
+)
 from tests.doctor.synthetic import PACK_CHECKS, build_mixedk_pack, fake_vllm, run_pack_checks
 from tests.doctor.synthetic_v41 import SMALL41, VARIANTS, build_v41_pack, build_v41_variant, v41_config
 from tests.releases import pristine_tree
@@ -435,3 +445,47 @@ def test_the_sm120_decode_table_of_a_real_flashinfer_is_read_on_sm12x(flash, tmp
     row = all_rows(pack, "-tp 2", runtime=runtime, environ=environ)["v41.flashinfer"]
     assert row.status == PASS and "run-time predicate" in row.detail
     assert "could not be told" in all_rows(pack, "-tp 2", runtime=runtime)["v41.flashinfer"].detail
+
+
+# ------------------------------------------------------------------ the command
+
+
+@pytest.fixture
+def serving(make_tree, tmp_path, monkeypatch):
+    """vLLM 0.30.0 (a real release tree), patched, with its FlashInfer, vllm-exl3, exllamav3_ext and torch; PATH
+    holds only the test's tools (as test_doctor_command's fixture)."""
+    tree = make_tree("0.30.0")
+    install_flashinfer(tree, "0.6.18.post1")
+    assert run_cli("apply", "--site-packages", tree).code == 0
+    install_exllamav3(tree, "1.4.5", platform.machine())
+    install_plugin(tree)
+    install_torch(tree, "2.13.0+cu130")
+    cuda_home, venv_bin, tools = toolchain(tmp_path)
+    monkeypatch.setenv("PATH", f"{cuda_home / 'bin'}:{venv_bin}:{tools}")
+    monkeypatch.setenv("CUDA_HOME", str(cuda_home))
+    for name in ("VLLM_PLUGINS", "PATCH_DSV4_GUARD", "NO_COLOR"):
+        monkeypatch.delenv(name, raising=False)
+    return tree
+
+
+def test_the_command_on_a_v41_pack_and_a_real_release(serving, flash, tmp_path):
+    """`patch-dsv4 doctor --json` on vLLM 0.30.0 (a real tree, patched) and the full-size pack: the report
+    follows the schema, holds the V4.1 rows and none of the V4-only ones; a stub GB10 makes the Engram row
+    decide (this machine's MemTotal is far below 188.8 GiB of tables: fail) and the exit status 1."""
+    import jsonschema
+
+    from tests.doctor.test_doctor_command import SCHEMA
+
+    result = run_cli("doctor", "--site-packages", serving, "--pack", flash, "--serve-args", "-tp 2", "--json")
+    assert "Traceback" not in result.stderr
+    report = result.json()
+    jsonschema.validate(report, SCHEMA)
+    ids = {row["id"] for row in report["checks"]}
+    assert set(v41_ids()) <= ids and not ids & V4_ONLY
+    v41 = {r["id"]: r for r in report["checks"] if r["id"].startswith("v41.")}
+    assert not [r for r in v41.values() if r["status"] == FAIL], v41
+    nvidia_smi(tmp_path / "tools", [GB10])
+    result = run_cli("doctor", "--site-packages", serving, "--pack", flash, "--serve-args", "-tp 2", "--json")
+    rows = {r["id"]: r for r in result.json()["checks"]}
+    assert result.code == 1 and rows["v41.engram-capacity"]["status"] == FAIL
+    assert "GB10" in rows["v41.engram-capacity"]["detail"]
