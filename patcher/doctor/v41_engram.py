@@ -64,13 +64,30 @@ def engram_config_fields(ctx: DoctorContext) -> frozenset | None:
     return ctx.cached("vllm:engram-config", read)
 
 
+def _table_dir_switch(ctx: DoctorContext) -> str | None:
+    """MiaAI-Lab's switch: ``engram_table_dir`` in the config or in a dict ``--hf-overrides``."""
+    if ctx.config().get("engram_table_dir"):
+        return "text_config.engram_table_dir"
+    overrides = json_flag(ctx, "--hf-overrides")
+    if isinstance(overrides, dict) and overrides.get("engram_table_dir"):
+        return "--hf-overrides engram_table_dir"
+    return None
+
+
 def disk_engram_kit(ctx: DoctorContext) -> str | None:
-    """The disk-backed Engram kit installed in the vLLM tree with its switch on, if any."""
+    """The disk-backed Engram kit installed in the vLLM tree with its switch on, if any (v41-packs.md §3.3):
+    its marker in the V4.1 model sources, and its variable (or MiaAI-Lab's engram_table_dir) set."""
     if ctx.runtime is None or ctx.runtime.vllm_root is None:
         return None
-    for label, marker, switch in DISK_ENGRAM_KITS:
-        if ctx.environ.get(switch, "").strip() not in ("1", "true", "True"):
-            continue
+    kits = [
+        (label, marker, switch)
+        for label, marker, switch in DISK_ENGRAM_KITS
+        if ctx.environ.get(switch, "").strip() in ("1", "true", "True")
+    ]
+    table_dir = _table_dir_switch(ctx)
+    if table_dir:
+        kits.append(("MiaAI-Lab's file-backed Engram", "engram_table_dir", table_dir))
+    for label, marker, switch in kits:
         for folder in ENGRAM_SOURCES:
             try:
                 paths = sorted((ctx.runtime.vllm_root / folder).rglob("*.py"))
@@ -79,7 +96,8 @@ def disk_engram_kit(ctx: DoctorContext) -> str | None:
             for path in paths:
                 try:
                     if marker.encode() in path.read_bytes() or marker in path.name:
-                        return f"{label} ({path.name}, {switch}=1)"
+                        said = switch if switch.startswith(("text_config", "--")) else f"{switch}=1"
+                        return f"{label} ({path.name}, {said})"
                 except OSError:
                     continue
     return None

@@ -489,3 +489,15 @@ def test_the_command_on_a_v41_pack_and_a_real_release(serving, flash, tmp_path):
     rows = {r["id"]: r for r in result.json()["checks"]}
     assert result.code == 1 and rows["v41.engram-capacity"]["status"] == FAIL
     assert "GB10" in rows["v41.engram-capacity"]["detail"]
+
+
+def test_miaai_labs_file_backed_engram_passes_capacity_where_its_reader_is_installed(small, tmp_path):
+    runtime = fake_vllm(tmp_path / "site", version="0.34.0")
+    engram = runtime.vllm_root / "vllm/models/deepseek_v41/common"
+    engram.mkdir(parents=True)
+    (engram / "engram.py").write_text("table_dir = getattr(config, 'engram_table_dir', None)\n")
+    overrides = """--hf-overrides '{"engram_table_dir": "/models/engram"}'"""
+    row = all_rows(small(), f"-tp 2 {overrides}", runtime=runtime)["v41.engram-capacity"]
+    assert row.status == PASS and "MiaAI-Lab" in row.detail
+    bare = all_rows(small(), f"-tp 2 {overrides}", runtime=fake_vllm(tmp_path / "stock", version="0.34.0"))
+    assert bare["v41.engram-capacity"].status != PASS  # no reader installed: the tables stay resident
