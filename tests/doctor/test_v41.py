@@ -499,5 +499,8 @@ def test_miaai_labs_file_backed_engram_passes_capacity_where_its_reader_is_insta
     overrides = """--hf-overrides '{"engram_table_dir": "/models/engram"}'"""
     row = all_rows(small(), f"-tp 2 {overrides}", runtime=runtime)["v41.engram-capacity"]
     assert row.status == PASS and "MiaAI-Lab" in row.detail
+    tables = all_rows(small("mia"), f"-tp 2 {overrides}", runtime=runtime)["v41.engram-tables"]
+    assert tables.status == PASS and "reads them from its own files" in tables.detail
+    assert all_rows(small("mia"), "-tp 2", runtime=runtime)["v41.engram-tables"].status == FAIL
     bare = all_rows(small(), f"-tp 2 {overrides}", runtime=fake_vllm(tmp_path / "stock", version="0.34.0"))
     assert bare["v41.engram-capacity"].status != PASS  # no reader installed: the tables stay resident
