@@ -104,11 +104,12 @@ def check_ep_filter_draft(ctx: DoctorContext) -> Row:
             else ("the draft has as many experts as the target" if draft >= target else "the draft's experts are EXL3")
         )
         return Row("v41.ep-filter-draft", PASS, f"--enable-ep-weight-filter with DSpark, but {why}: nothing skipped.")
+    starved = "rank 1 never loads its" if ranks == 2 else f"ranks 1-{ranks - 1} never load their"
     return Row(
         "v41.ep-filter-draft",
         WARN,
         f"[silent-draft] --enable-ep-weight-filter sizes its expert filter from the target's {target} experts; the "
-        f"DSpark draft has {draft}, so EP ranks 1-{ranks - 1} never load their draft experts (acceptance "
+        f"DSpark draft has {draft}, so EP {starved} draft experts (acceptance "
         "collapses, nothing is reported).",
         "Drop --enable-ep-weight-filter (every rank then reads all expert tensors: a slower load, the same memory).",
     )
@@ -280,7 +281,7 @@ def check_aux_streams(ctx: DoctorContext) -> Row:
         return Row("v41.aux-streams", PASS, f"the compressor is EXL3; aux-streams is applied and {switched[0]}.")
     if ctx.environ.get(GEMM_THRESHOLD, "").strip() == "0":
         return Row("v41.aux-streams", PASS, f"the compressor is EXL3 and {GEMM_THRESHOLD}=0 keeps it on one stream.")
-    said = f"the aux-streams patch is {verdict or 'not known (no vLLM environment read)'}"
+    said = f"the aux-streams patch is {verdict or 'not known'}"
     target = target_option(ctx.runtime) if ctx.runtime else ""
     return Row(
         "v41.aux-streams",

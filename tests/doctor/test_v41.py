@@ -249,9 +249,17 @@ def test_the_ep_filter_with_dspark_starves_the_draft(small):
     spec = """--speculative-config '{"method": "dspark"}'"""
     rows = run_pack_checks(small(), f"-tp 2 --enable-expert-parallel --enable-ep-weight-filter {spec}")
     row = all_rows(small(), f"-tp 2 --enable-expert-parallel --enable-ep-weight-filter {spec}")["v41.ep-filter-draft"]
-    assert rows and row.status == WARN and "EP ranks 1-1" in row.detail and "8 experts" in row.detail
-    dotted = all_rows(small(), "-tp 2 -ep --enable-ep-weight-filter --speculative-config.method dspark")
-    assert dotted["v41.ep-filter-draft"].status == WARN
+    assert (
+        rows
+        and row.status == WARN
+        and "EP rank 1 never loads its draft experts" in row.detail
+        and "8 experts" in row.detail
+    )
+    dotted = all_rows(small(), "-tp 2 -dp 2 -ep --enable-ep-weight-filter --speculative-config.method dspark")
+    assert (
+        dotted["v41.ep-filter-draft"].status == WARN
+        and "EP ranks 1-3 never load" in dotted["v41.ep-filter-draft"].detail
+    )
     assert all_rows(small(), f"-tp 2 -ep {spec}")["v41.ep-filter-draft"].status == PASS
 
 
