@@ -512,3 +512,10 @@ def test_miaai_labs_file_backed_engram_passes_capacity_where_its_reader_is_insta
     assert all_rows(small("mia"), "-tp 2", runtime=runtime)["v41.engram-tables"].status == FAIL
     bare = all_rows(small(), f"-tp 2 {overrides}", runtime=fake_vllm(tmp_path / "stock", version="0.34.0"))
     assert bare["v41.engram-capacity"].status != PASS  # no reader installed: the tables stay resident
+
+
+def test_graph_capture_autotune_sees_a_v41_packs_dense_exl3_in_its_headers(small, tmp_path):
+    """env.graphs-autotune (shared with V4) must not pass a dense-EXL3 V4.1 pack for want of non_routed_exl3."""
+    runtime = fake_vllm(tmp_path / "site", version="0.34.0")
+    row = all_rows(small("dense-exl3"), runtime=runtime)["env.graphs-autotune"]
+    assert row.status == WARN and "dense EXL3 linears" in row.detail
