@@ -519,3 +519,20 @@ def test_graph_capture_autotune_sees_a_v41_packs_dense_exl3_in_its_headers(small
     runtime = fake_vllm(tmp_path / "site", version="0.34.0")
     row = all_rows(small("dense-exl3"), runtime=runtime)["env.graphs-autotune"]
     assert row.status == WARN and "dense EXL3 linears" in row.detail
+
+
+def test_a_v41_pack_with_the_sources_quant_method_is_fixed_without_the_v4_recipe(small):
+    """quant.method applies to V4.1 as to V4, but its fix must not send a V4.1 pack to the recipe's V4 fixer;
+    --fix-config sets quant_method inside quantization_config and nothing else."""
+
+    def fp8(config):
+        config["quantization_config"]["quant_method"] = "fp8"
+
+    pack = small("fp8", edit_config=fp8)
+    row = run_pack_checks(pack)["quant.method"]
+    assert row.status == FAIL and "fix_pack_config" not in row.fix and "--fix-config writes it" in row.fix
+    before = json.loads((pack / "config.json").read_text())
+    assert fix_config(pack).changed
+    after = json.loads((pack / "config.json").read_text())
+    before["quantization_config"]["quant_method"] = "exl3"
+    assert after == before
