@@ -45,9 +45,16 @@ def json_flag(ctx: DoctorContext, name: str) -> dict | str | None:
             key, _, inline = arg[len(name) + 1 :].partition("=")
             raw = inline if "=" in arg else (args[i + 1] if i + 1 < len(args) else "")
             try:
-                value[key] = json.loads(raw)
+                parsed_value = json.loads(raw)
             except (ValueError, RecursionError):
-                value[key] = raw
+                parsed_value = raw
+            target = value
+            *parents, last = key.split(".")  # --x.a.b v nests as {"a": {"b": v}}, as vLLM reads it
+            for parent in parents:
+                if not isinstance(target.get(parent), dict):
+                    target[parent] = {}
+                target = target[parent]
+            target[last] = parsed_value
             dotted = True
     return value if (text is not None or dotted) else None
 

@@ -273,6 +273,8 @@ def test_draft_quant_fields_in_a_dict_hf_overrides_fail(small):
     row = all_rows(pack, f"{overrides} {spec}")["v41.draft-overrides"]
     assert row.status == FAIL and "lacks mtp_experts" in row.detail and '"mtp_experts": "source"' in row.fix
     assert all_rows(pack, overrides)["v41.draft-overrides"].status == PASS  # no draft, no miss
+    dotted = "--hf-overrides.quantization_config.mtp_experts source --speculative-config.method dspark"
+    assert all_rows(pack, dotted)["v41.draft-overrides"].status == FAIL
 
 
 @pytest.mark.parametrize(
