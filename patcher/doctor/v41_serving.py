@@ -209,6 +209,8 @@ def check_indexer_topk(ctx: DoctorContext) -> Row:
     numbers = v41_numbers(ctx)
     topk = numbers.get("index_topk") if numbers else None
     backend = (ctx.serve_flag("--sparse-indexer-topk-backend") or "auto").strip().lower()
+    if topk is None:
+        return Row("v41.indexer-topk", SKIP, "config.json gives no usable index_topk (see v41.config).")
     if topk not in PERSISTENT_TOPK:
         return Row("v41.indexer-topk", PASS, f"index_topk is {topk}: vLLM does not pick persistent_topk for it.")
     if backend not in ("auto", "persistent"):
