@@ -538,3 +538,19 @@ def test_a_v41_pack_with_the_sources_quant_method_is_fixed_without_the_v4_recipe
     after = json.loads((pack / "config.json").read_text())
     before["quantization_config"]["quant_method"] = "exl3"
     assert after == before
+
+
+def test_the_flattening_follows_vllms_config_class_on_its_order_and_defaults():
+    """Checked against vLLM 0.34.0's DeepseekV41Config (transformers_utils/configs/deepseek_v41.py): the top
+    level wins over a text key of the same name; the text keys' expert_dtype over the quantization block's;
+    vision_n_layers is 0 without a vision_config."""
+    source = (pristine_tree("0.34.0") / "vllm/transformers_utils/configs/deepseek_v41.py").read_text()
+    assert "for key, value in text_config.items():" in source and "super().__init__(**kwargs)" in source
+    assert source.index("setattr(self, key, value)") < source.index("super().__init__(**kwargs)")
+    assert 'vision_config.get("num_hidden_layers", 0)' in source
+    config = v41_config(SMALL41, vision=False)
+    config["text_config"]["pad_token_id"] = 7
+    config["text_config"]["expert_dtype"] = "fp8"
+    config["quantization_config"]["expert_dtype"] = "fp4"
+    flat = flatten_v41(config)
+    assert flat["pad_token_id"] == 2 and flat["expert_dtype"] == "fp8" and flat["vision_n_layers"] == 0
