@@ -168,7 +168,8 @@ def check_draft_overrides(ctx: DoctorContext) -> Row:
 def check_topology(ctx: DoctorContext) -> Row:
     """FAIL (early) when num_attention_heads % TP != 0 or TP > o_groups (V34 models/deepseek_v41/attention.py:364,
     ``n_local_groups = o_groups // tp``; TP3 is a kit feature), with ``--enable-dbo``/``--ubatch-size`` on an
-    Engram model (config/vllm.py:1413-1420), or with speculative method ``mtp`` (V4.1 ships DSpark only,
+    Engram model (use_ubatching: DBO or a ubatch size above 1; config/vllm.py:1413-1420,
+    config/parallel.py:720-721), or with speculative method ``mtp`` (V4.1 ships DSpark only,
     config/speculative.py:863-873)."""
     numbers = v41_numbers(ctx)
     tp = tensor_parallel_size(ctx)
@@ -182,8 +183,10 @@ def check_topology(ctx: DoctorContext) -> Row:
             f"--tensor-parallel-size {tp} does not split {heads} attention heads in {groups} output groups "
             f"(stock vLLM takes TP in {', '.join(map(str, fits))})"
         )
-    if numbers.engram_layers and (ctx.serve_switch("--enable-dbo") or ctx.serve_flag("--ubatch-size")):
-        problems.append("--enable-dbo/--ubatch-size are refused for a model with Engram")
+    ubatch = ctx.serve_flag("--ubatch-size")
+    ubatching = ubatch is not None and not (ubatch.isascii() and ubatch.isdigit() and int(ubatch) <= 1)
+    if numbers.engram_layers and (ctx.serve_switch("--enable-dbo") or ubatching):  # V34 config/parallel.py:720-721
+        problems.append("--enable-dbo/--ubatch-size above 1 are refused for a model with Engram")
     spec = json_flag(ctx, "--speculative-config")
     if isinstance(spec, dict) and spec.get("method") in ("mtp", "deepseek_mtp"):
         problems.append(f'--speculative-config method "{spec["method"]}" is refused for V4.1, which drafts with DSpark')

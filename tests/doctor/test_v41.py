@@ -281,13 +281,19 @@ def test_draft_quant_fields_in_a_dict_hf_overrides_fail(small):
     "args, text",
     [
         ("-tp 3", "--tensor-parallel-size 3 does not split 8 attention heads"),
-        ("-tp 2 --enable-dbo", "--enable-dbo/--ubatch-size are refused"),
+        ("-tp 2 --enable-dbo", "--enable-dbo/--ubatch-size above 1 are refused"),
+        ("-tp 2 --ubatch-size 2", "--enable-dbo/--ubatch-size above 1 are refused"),
         ("""--speculative-config '{"method": "mtp"}'""", 'method "mtp" is refused'),
     ],
 )
 def test_the_topology_vllm_refuses_fails(small, args, text):
     row = all_rows(small(), args)["v41.topology"]
     assert row.status == FAIL and text in row.detail
+
+
+def test_a_ubatch_size_of_one_or_zero_is_no_microbatching(small):
+    assert all_rows(small(), "-tp 2 --ubatch-size 0")["v41.topology"].status == PASS
+    assert all_rows(small(), "-tp 2 --ubatch-size 1")["v41.topology"].status == PASS
 
 
 def test_the_indexer_topk_row_reads_the_gpu(small, tmp_path):
