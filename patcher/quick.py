@@ -34,8 +34,8 @@ _SOURCE_LIMIT = 32 << 20
 
 # -- JSON without the json package --------------------------------------------------------
 # Importing json costs a cold interpreter about 1 ms (its decoder and encoder compile regular expressions at import);
-# the fast paths read two small documents and write one canonical text, so they call the C functions json itself
-# uses (json.decoder's scanner, json.encoder's string escaping) and import json only where those are missing.
+# the fast paths read two small documents, so they call the C scanner json.decoder itself uses, and import json only
+# where it is missing (patch_dsv4.serving.dumps writes the fingerprint's canonical text the same way).
 class _Strict:
     """What json's C scanner reads from its context: json.loads's defaults."""
 
@@ -64,33 +64,6 @@ def loads(data: bytes):
     import json  # no C scanner, another encoding, or no document: json says what it makes of it
 
     return json.loads(data)
-
-
-def dumps(value) -> str:
-    """json.dumps(value, sort_keys=True, separators=(",", ":")) for str, int, bool, None, lists, tuples and dicts with
-    str keys (TypeError for anything else)."""
-    try:
-        from _json import encode_basestring_ascii as quote_string
-    except ImportError:
-        import json
-
-        return json.dumps(value, sort_keys=True, separators=(",", ":"))
-    return _dumps(value, quote_string)
-
-
-def _dumps(value, quote_string) -> str:
-    if isinstance(value, str):
-        return quote_string(value)
-    if value is None or isinstance(value, bool):
-        return {None: "null", True: "true", False: "false"}[value]
-    if isinstance(value, int):
-        return int.__repr__(value)
-    if isinstance(value, (list, tuple)):
-        return "[" + ",".join(_dumps(item, quote_string) for item in value) + "]"
-    if isinstance(value, dict) and all(isinstance(key, str) for key in value):
-        items = sorted(value.items())
-        return "{" + ",".join(quote_string(k) + ":" + _dumps(v, quote_string) for k, v in items) + "}"
-    raise TypeError(f"{type(value).__name__} is not written by patch_dsv4.quick.dumps")
 
 
 def quote(text: str) -> str:
