@@ -368,7 +368,8 @@ class Hasher:
 
 
 def patch_digest() -> str:
-    """A hash of the patch definitions and of the engine that judges them: of each source file's name and sha256.
+    """A hash of the patch definitions and of the engine that judges them: of each source file's path and sha256
+    (the package's modules, its subpackages' but doctor/'s, and patches/).
 
     verify's fast path and the guard trust recorded verdicts only if these
     made them; the package version does not change between commits. Installed
@@ -386,14 +387,30 @@ def patch_digest() -> str:
     installed = _installed_hashes(os.path.join(site, f"{os.path.basename(root)}-{__version__}.dist-info", "RECORD"))
     digest = sha256(__version__.encode())
     for directory in (root, os.path.dirname(os.path.abspath(patches.__file__))):
-        for name in sorted(n for n in os.listdir(directory) if n.endswith(".py")):
-            path = os.path.join(directory, name)
+        for name in _sources(directory):
+            path = os.path.join(directory, *name.split("/"))
             sha = _recorded_sha(installed, path[len(site) :].replace(os.sep, "/"), path) if installed else None
             if sha is None:
                 with open(path, "rb") as fh:
                     sha = _record_form(sha256(fh.read()).digest())
             digest.update(f"{name}\0{sha}\0".encode())
     return digest.hexdigest()
+
+
+#: Subpackages whose modules judge nothing: doctor/ (it reads a pack and a serving environment), and where a wheel
+#: installs them inside the package, patches/ (hashed on its own) and anchors/ (data; the state records the release).
+_NOT_JUDGING = ("doctor", "patches", "anchors")
+
+
+def _sources(directory: str) -> list[str]:
+    """The modules of a package folder and of its subpackages but _NOT_JUDGING, as sorted '/'-separated paths."""
+    found = []
+    for name in os.listdir(directory):
+        if name.endswith(".py"):
+            found.append(name)
+        elif name not in _NOT_JUDGING and name[0] not in "._" and os.path.isfile(f"{directory}/{name}/__init__.py"):
+            found += [f"{name}/{sub}" for sub in _sources(os.path.join(directory, name))]
+    return sorted(found)
 
 
 _B64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"  # RECORD's: base64, URL-safe, unpadded
