@@ -342,6 +342,7 @@ PipOption = typer.Option(
 
 def _release_target(vllm_version, wheel, source, flashinfer_version, cache_dir, pip_options):
     from patch_dsv4 import release_target as rt
+    from patch_dsv4.release_wheel import fetch_wheel
 
     if wheel is not None and (source is not None or vllm_version is not None):
         raise PatcherError(
@@ -353,7 +354,7 @@ def _release_target(vllm_version, wheel, source, flashinfer_version, cache_dir, 
         return rt.open_source(source, vllm_version, flashinfer_version)
     if vllm_version is None:
         raise PatcherError("no release to judge", "", "pass --vllm-version X, --wheel FILE or --source DIR")
-    path, how = rt.fetch_wheel(vllm_version, cache_dir, pip_options or (), progress=_say)
+    path, how = fetch_wheel(vllm_version, cache_dir, pip_options or (), progress=_say)
     target = rt.open_wheel(path, flashinfer_version)
     target.notes.insert(0, f"wheel {path.name} {how}")
     return target
@@ -419,7 +420,8 @@ def anchors_record(
     """
     from patch_dsv4 import anchors_store
     from patch_dsv4.drift import record
-    from patch_dsv4.release_target import fetch_wheel, open_wheel
+    from patch_dsv4.release_target import open_wheel
+    from patch_dsv4.release_wheel import fetch_wheel
 
     versions = list(vllm_versions or [])
     if record_all:

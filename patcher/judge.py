@@ -89,7 +89,7 @@ def judge(ctx: Context, patches: list[Patch], check_fit: bool = True, plan: bool
     }
     judgement = Judgement(outcomes, originals, {}, reads, unrecorded)
     if plan:
-        judgement.planned = plan_files(ctx, judgement, set(outcomes))
+        judgement.planned = plan_files(ctx, outcomes, originals, set(outcomes))
     return judgement
 
 

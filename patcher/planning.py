@@ -189,7 +189,7 @@ def _planned_files(
         source, ctx = judged.base, judged.base_ctx
     else:
         source, ctx = judged.now, judged.ctx
-    planned = plan_files(ctx, source, wanted)
+    planned = plan_files(ctx, source.outcomes, source.originals, wanted)
     owners: dict[str, list[str]] = {}
     for patch in state.patches:
         if patch.id not in wanted:

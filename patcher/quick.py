@@ -34,8 +34,8 @@ _SOURCE_LIMIT = 32 << 20
 
 # -- JSON without the json package --------------------------------------------------------
 # Importing json costs a cold interpreter about 1 ms (its decoder and encoder compile regular expressions at import);
-# the fast paths read two small documents and write one canonical text, so they call the C functions json itself
-# uses (json.decoder's scanner, json.encoder's string escaping) and import json only where those are missing.
+# the fast paths read two small documents, so they call the C scanner json.decoder itself uses, and import json only
+# where it is missing (patch_dsv4.serving.dumps writes the fingerprint's canonical text the same way).
 class _Strict:
     """What json's C scanner reads from its context: json.loads's defaults."""
 
@@ -64,33 +64,6 @@ def loads(data: bytes):
     import json  # no C scanner, another encoding, or no document: json says what it makes of it
 
     return json.loads(data)
-
-
-def dumps(value) -> str:
-    """json.dumps(value, sort_keys=True, separators=(",", ":")) for str, int, bool, None, lists, tuples and dicts with
-    str keys (TypeError for anything else)."""
-    try:
-        from _json import encode_basestring_ascii as quote_string
-    except ImportError:
-        import json
-
-        return json.dumps(value, sort_keys=True, separators=(",", ":"))
-    return _dumps(value, quote_string)
-
-
-def _dumps(value, quote_string) -> str:
-    if isinstance(value, str):
-        return quote_string(value)
-    if value is None or isinstance(value, bool):
-        return {None: "null", True: "true", False: "false"}[value]
-    if isinstance(value, int):
-        return int.__repr__(value)
-    if isinstance(value, (list, tuple)):
-        return "[" + ",".join(_dumps(item, quote_string) for item in value) + "]"
-    if isinstance(value, dict) and all(isinstance(key, str) for key in value):
-        items = sorted(value.items())
-        return "{" + ",".join(quote_string(k) + ":" + _dumps(v, quote_string) for k, v in items) + "}"
-    raise TypeError(f"{type(value).__name__} is not written by patch_dsv4.quick.dumps")
 
 
 def quote(text: str) -> str:
@@ -395,7 +368,8 @@ class Hasher:
 
 
 def patch_digest() -> str:
-    """A hash of the patch definitions and of the engine that judges them: of each source file's name and sha256.
+    """A hash of the patch definitions and of the engine that judges them: of each source file's path and sha256
+    (the package's modules, its subpackages' but doctor/'s, and patches/).
 
     verify's fast path and the guard trust recorded verdicts only if these
     made them; the package version does not change between commits. Installed
@@ -413,14 +387,30 @@ def patch_digest() -> str:
     installed = _installed_hashes(os.path.join(site, f"{os.path.basename(root)}-{__version__}.dist-info", "RECORD"))
     digest = sha256(__version__.encode())
     for directory in (root, os.path.dirname(os.path.abspath(patches.__file__))):
-        for name in sorted(n for n in os.listdir(directory) if n.endswith(".py")):
-            path = os.path.join(directory, name)
+        for name in _sources(directory):
+            path = os.path.join(directory, *name.split("/"))
             sha = _recorded_sha(installed, path[len(site) :].replace(os.sep, "/"), path) if installed else None
             if sha is None:
                 with open(path, "rb") as fh:
                     sha = _record_form(sha256(fh.read()).digest())
             digest.update(f"{name}\0{sha}\0".encode())
     return digest.hexdigest()
+
+
+#: Subpackages whose modules judge nothing: doctor/ (it reads a pack and a serving environment), and where a wheel
+#: installs them inside the package, patches/ (hashed on its own) and anchors/ (data; the state records the release).
+_NOT_JUDGING = ("doctor", "patches", "anchors")
+
+
+def _sources(directory: str) -> list[str]:
+    """The modules of a package folder and of its subpackages but _NOT_JUDGING, as sorted '/'-separated paths."""
+    found = []
+    for name in os.listdir(directory):
+        if name.endswith(".py"):
+            found.append(name)
+        elif name not in _NOT_JUDGING and name[0] not in "._" and os.path.isfile(f"{directory}/{name}/__init__.py"):
+            found += [f"{name}/{sub}" for sub in _sources(os.path.join(directory, name))]
+    return sorted(found)
 
 
 _B64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"  # RECORD's: base64, URL-safe, unpadded

@@ -6,28 +6,19 @@ wheel is read member by member from the zip (only the files the patches ask
 for are decompressed), a source tree file by file. The vLLM version and the
 FlashInfer release it pins come from the dist-info METADATA, parsed by
 :func:`patch_dsv4.environment.flashinfer_pin`, as for an installed vLLM.
-
-Fetching a release by version goes through pip (its configured index, plus any
-options the user passes), into a cache of wheels.
 """
 
 from __future__ import annotations
 
 import ast
-import os
 import re
-import shlex
-import subprocess
-import sys
-import time
 import zipfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from email.parser import HeaderParser
 from pathlib import Path
 
-from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
-from packaging.version import InvalidVersion, Version
+from packaging.utils import canonicalize_name
 
 from patch_dsv4 import anchors_store
 from patch_dsv4.environment import find_distribution, flashinfer_pin, locate_vllm
@@ -248,105 +239,3 @@ def open_source(root: Path, vllm_version: str | None = None, flashinfer_version:
         package_files=lambda: anchors_store.listed_package_files(root),
     )
     return _override_flashinfer(target, flashinfer_version)
-
-
-# -- fetching ------------------------------------------------------------------------
-def default_cache_dir() -> Path:
-    base = os.environ.get("PATCH_DSV4_CACHE")
-    if base:
-        return Path(base) / "wheels"
-    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(xdg) / "patch-dsv4" / "wheels"
-
-
-def cached_wheel(version: str, cache_dir: Path) -> Path | None:
-    """A vllm wheel of exactly ``version`` already in the cache (first by name)."""
-    wanted = Version(version)
-    for candidate in sorted(cache_dir.glob("vllm-*.whl")):
-        try:
-            name, found, _build, _tags = parse_wheel_filename(candidate.name)
-        except (InvalidWheelFilename, InvalidVersion):
-            continue
-        if name == VLLM and found == wanted:
-            return candidate
-    return None
-
-
-def fetch_wheel(
-    version: str,
-    cache_dir: Path | None = None,
-    pip_options: Sequence[str] = (),
-    progress: Callable[[str], None] | None = None,
-) -> tuple[Path, str]:
-    """The wheel of vllm==version: from the cache, else downloaded with pip into it. Returns (path, how).
-
-    A download shows pip's own progress when stderr is a terminal, and a line
-    before and after it (what, how big) otherwise.
-    """
-    try:
-        Version(version)
-    except InvalidVersion:
-        raise EnvironmentProblem(
-            f"{version!r} is not a valid vLLM version", "expected a PEP 440 version such as 0.30.0", ""
-        ) from None
-    cache_dir = cache_dir or default_cache_dir()
-    hit = cached_wheel(version, cache_dir) if cache_dir.is_dir() else None
-    if hit is not None:
-        return hit, f"cached in {cache_dir}"
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    extra = [arg for option in pip_options for arg in shlex.split(option)]
-    on_terminal = sys.stderr.isatty()
-    command = [
-        sys.executable,
-        "-m",
-        "pip",
-        "download",
-        "--no-deps",
-        "--only-binary=:all:",
-        "--disable-pip-version-check",
-        *([] if on_terminal else ["--quiet"]),
-        "--dest",
-        str(cache_dir),
-        *extra,
-        f"vllm=={version}",
-    ]
-    if progress is not None:
-        progress(f"fetching vllm=={version} with pip into {cache_dir} (a vLLM wheel is about 300 MB)")
-    started = time.monotonic()
-    try:
-        proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    except OSError as exc:
-        raise EnvironmentProblem(f"cannot run pip to fetch vllm=={version}", str(exc), "pass --wheel FILE") from None
-    tail = _pass_through(proc.stderr, sys.stderr if on_terminal else None)
-    if proc.wait() != 0:
-        lines = tail.decode("utf-8", "replace").splitlines()
-        errors = [line for line in lines if line.startswith("ERROR:")]
-        last = (errors or [line for line in lines if line.strip()] or ["pip failed without a message"])[-1]
-        raise EnvironmentProblem(
-            f"cannot fetch vllm=={version} with pip",
-            last.removeprefix("ERROR: ").strip(),
-            "check the version (pip index versions vllm), or pass --wheel FILE",
-        )
-    hit = cached_wheel(version, cache_dir)
-    if hit is None:
-        raise EnvironmentProblem(
-            f"pip download gave no wheel of vllm=={version}", f"nothing matching in {cache_dir}", "pass --wheel FILE"
-        )
-    if progress is not None:
-        progress(f"fetched {hit.name} ({hit.stat().st_size / 1e6:.0f} MB) in {time.monotonic() - started:.0f} s")
-    return hit, f"downloaded with pip into {cache_dir}"
-
-
-def _pass_through(source, terminal) -> bytes:
-    """Copy pip's stderr to the terminal as it comes (its progress bar), keeping the last part for errors."""
-    kept = b""
-    while True:
-        chunk = os.read(source.fileno(), 4096)
-        if not chunk:
-            return kept
-        if terminal is not None:
-            terminal.buffer.write(chunk) if hasattr(terminal, "buffer") else terminal.write(
-                chunk.decode("utf-8", "replace")
-            )
-            terminal.flush()
-        kept = (kept + chunk)[-8192:]

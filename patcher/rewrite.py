@@ -1,26 +1,30 @@
 """Rewriting: the files as the pending edits of a judgement write them, proven idempotent.
 
-A function of a judgement and the Context it read (nothing is judged again, nothing is written): judging gives
-``planned`` with it, planning writes the files of the patches it chose.
+A function of a judgement's outcomes (each edit's) and the Context it read (nothing is judged again, nothing is
+written): judging gives ``planned`` with it, planning writes the files of the patches it chose. It knows edits and
+outcomes, not the pipeline's values: the steps stand on it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from functools import lru_cache
 
 from patch_dsv4.errors import TransformBug
 from patch_dsv4.patch import Context, Edit
-from patch_dsv4.pipeline import Judgement
 from patch_dsv4.verdicts import Outcome, Verdict
 
 
-def plan_files(ctx: Context, judgement: Judgement, patch_ids: set[str]) -> dict[str, bytes]:
+def plan_files(
+    ctx: Context, outcomes: dict[str, list[tuple[Edit, Outcome]]], files: Iterable[str], patch_ids: set[str]
+) -> dict[str, bytes]:
     """The files as the pending edits of ``patch_ids`` write them (encoded as stored), proven idempotent.
 
-    Planned from the judgement as it stands: nothing is judged again.
+    Planned from a judgement as it stands (``outcomes``: patch id -> its edits' outcomes; ``files``: every edited
+    file, as ``ctx`` read it): nothing is judged again.
     """
-    outcomes = {pid: pairs for pid, pairs in judgement.outcomes.items() if pid in patch_ids}
-    texts = {path: ctx.read(path) for path in judgement.originals}
+    outcomes = {pid: pairs for pid, pairs in outcomes.items() if pid in patch_ids}
+    texts = {path: ctx.read(path) for path in files}
     planned_text = _rewrite(outcomes, texts)
     _prove_idempotent(ctx, outcomes, planned_text)
     return {path: ctx.source(path).encode(text) for path, text in planned_text.items()}

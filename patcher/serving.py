@@ -24,14 +24,18 @@ sha256). A node that knows its own parts matches them against another's
 tokens, so it can name the patch or the file that differs.
 
 Imported by verify's fast path and by the serve guard: plain classes, no
-dataclasses or typing, not even json (patch_dsv4.quick.dumps writes the
-canonical text as json.dumps does).
+dataclasses or typing, not even json (:func:`dumps` writes the canonical
+text as json.dumps does), and nothing of verify's fast path (patch_dsv4.quick
+imports this module, when it has a fingerprint to make).
 """
 
 import itertools
 import os
 
-from patch_dsv4.quick import dumps, sha256  # json.dumps without json (1 ms), hashlib's sha256 without hashlib
+try:  # hashlib.sha256 itself where OpenSSL has it, without hashlib's set-up of every other algorithm (0.7 ms)
+    from _hashlib import openssl_sha256 as sha256
+except ImportError:
+    from hashlib import sha256
 
 FORMAT = 1
 PREFIX = "dsv4"
@@ -41,6 +45,34 @@ _TOKEN = 4
 _HEAD = 12
 #: The verdicts a token is tried against when naming another node's verdict (render's and verdicts' values).
 VERDICTS = ("applied", "pending", "upstream", "not-applicable", "drifted", "modified", "opt-in", "foreign")
+
+
+# json.dumps without the json package (1 ms for a cold interpreter): json.encoder's C string escaping.
+def dumps(value) -> str:
+    """json.dumps(value, sort_keys=True, separators=(",", ":")) for str, int, bool, None, lists, tuples and dicts with
+    str keys (TypeError for anything else)."""
+    try:
+        from _json import encode_basestring_ascii as quote_string
+    except ImportError:
+        import json
+
+        return json.dumps(value, sort_keys=True, separators=(",", ":"))
+    return _dumps(value, quote_string)
+
+
+def _dumps(value, quote_string) -> str:
+    if isinstance(value, str):
+        return quote_string(value)
+    if value is None or isinstance(value, bool):
+        return {None: "null", True: "true", False: "false"}[value]
+    if isinstance(value, int):
+        return int.__repr__(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(_dumps(item, quote_string) for item in value) + "]"
+    if isinstance(value, dict) and all(isinstance(key, str) for key in value):
+        items = sorted(value.items())
+        return "{" + ",".join(quote_string(k) + ":" + _dumps(v, quote_string) for k, v in items) + "}"
+    raise TypeError(f"{type(value).__name__} is not written by patch_dsv4.serving.dumps")
 
 
 class BadFingerprint(ValueError):

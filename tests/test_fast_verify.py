@@ -106,3 +106,33 @@ def test_wrapping_a_line_that_fits_is_what_textwrap_gives(text, indent):
         break_on_hyphens=False,
     ) or [indent.rstrip()]
     assert render._wrap(text, 60, indent) == expected
+
+
+def test_the_patch_digest_covers_every_module_that_judges_in_every_folder(tmp_path):
+    """verify's fast path and the guard trust recorded verdicts only if the patch digest is what it was: a change
+    to any module of the engine, in whichever folder it lies, or to any patch changes it; doctor's modules do not."""
+    import shutil
+    from pathlib import Path
+
+    import patch_dsv4
+    import patch_dsv4.patches
+
+    package = tmp_path / "patch_dsv4"
+    skip = shutil.ignore_patterns("__pycache__")
+    shutil.copytree(Path(patch_dsv4.__file__).parent, package, ignore=skip)
+    shutil.copytree(Path(patch_dsv4.patches.__file__).parent, package / "patches", ignore=skip)
+    probe = (
+        f"import sys; sys.path.insert(0, {str(tmp_path)!r}); import patch_dsv4; from patch_dsv4 import quick; "
+        "from pathlib import Path; root = Path(patch_dsv4.__file__).parent; before = quick.patch_digest(); same = []\n"
+        "for path in sorted(root.rglob('*.py')):\n"
+        "    data = path.read_bytes(); path.write_bytes(data + b'\\n')\n"
+        "    same += [path.relative_to(root).as_posix()] if quick.patch_digest() == before else []\n"
+        "    path.write_bytes(data)\n"
+        "print(same)"
+    )
+    run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    modules = sorted(p.relative_to(package).as_posix() for p in package.rglob("*.py"))
+    doctor = [m for m in modules if m.startswith("doctor/")]
+    assert doctor and len(modules) > len(doctor) + 20
+    assert ast.literal_eval(run.stdout.strip()) == doctor

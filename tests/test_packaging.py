@@ -21,13 +21,19 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-# Installed package -> the repository folder it is built from (pyproject.toml's package-dir).
-PACKAGE_DIRS = {
-    "patch_dsv4": "patcher",
-    "patch_dsv4/doctor": "patcher/doctor",
-    "patch_dsv4/patches": "patches",
-    "patch_dsv4/anchors": "anchors",
-}
+
+
+def _package_dirs() -> dict[str, str]:
+    """Installed package -> the repository folder it is built from (pyproject.toml's package-dir): patcher/ and
+    every folder under it with an __init__.py (each must be in pyproject's packages list), patches/, anchors/."""
+    found = {}
+    for init in sorted((ROOT / "patcher").rglob("__init__.py")):
+        folder = init.parent.relative_to(ROOT)
+        found["/".join(("patch_dsv4", *folder.parts[1:]))] = folder.as_posix()
+    return {**found, "patch_dsv4/patches": "patches", "patch_dsv4/anchors": "anchors"}
+
+
+PACKAGE_DIRS = _package_dirs()
 
 
 def _source_version() -> str:
