@@ -24,6 +24,7 @@ from .base import (
     PackUnreadable,
     Row,
     clip,
+    json_cost,
 )
 from .safetensors import Budget, Shard, ShardError
 
@@ -119,6 +120,7 @@ class PackScan:
     widths: dict[tuple[str, int], dict[int, str]] = field(default_factory=lambda: defaultdict(dict))
     routed_marker_suffixes: Counter = field(default_factory=Counter)
     markers_checked: int = 0
+    markers_unread: int = 0  # markers of a pack whose data is not read (on the Hub: headers only)
     first_bad_marker: str | None = None
     bad_marker_count: int = 0
     mtp_blocks: set[int] = field(default_factory=set)
@@ -130,6 +132,9 @@ class PackScan:
     dense: dict[str, dict[str, tuple[str, list]]] = field(default_factory=lambda: defaultdict(dict))
 
     def _marker(self, shard: Shard, name: str, entry: dict, suffix: str) -> None:
+        if not shard.reads_data:
+            self.markers_unread += 1
+            return
         self.markers_checked += 1
         start, end = entry["data_offsets"]
         expected = MARKER_VALUES[suffix]
@@ -259,19 +264,17 @@ class PackScan:
         return sorted(m for m, parts in self.dense.items() if "trellis" in parts)
 
 
-def scan_pack(pack: Path) -> PackScan:
+def scan_source(source) -> PackScan:
+    """Every shard header of ``source`` (a source.PackSource), read once and summarised."""
     scan = PackScan()
     try:
-        scan.files = sorted((p for p in pack.iterdir() if p.name.endswith(".safetensors")), key=lambda p: p.name)
+        scan.files = source.shard_files()
     except OSError as exc:
-        scan.listing_error = f"{pack} cannot be listed ({exc.strerror or exc})"
+        scan.listing_error = f"{source.label} cannot be listed ({exc.strerror or exc})"
         return scan
     budget = Budget()
     for path in scan.files:
-        try:
-            scan.safetensors_bytes += path.stat().st_size
-        except OSError:
-            pass  # reported by pack.shards when the file is opened
+        scan.safetensors_bytes += source.file_size(path) or 0
         if scan.size() > MAX_SUMMARY:
             scan.problems.append(
                 ShardError(
@@ -282,7 +285,7 @@ def scan_pack(pack: Path) -> PackScan:
             )
             continue
         try:
-            with Shard(path, budget) as shard:
+            with source.open_shard(path, budget) as shard:
                 if shard.size_error:
                     scan.problems.append(shard.size_error)
                 scan.tensor_counts[path.name] = len(shard.tensors)
@@ -292,10 +295,57 @@ def scan_pack(pack: Path) -> PackScan:
     return scan
 
 
+def scan_pack(pack: Path) -> PackScan:
+    """The header summary of the pack in directory ``pack``."""
+    from .source import LocalSource
+
+    return scan_source(LocalSource(pack))
+
+
 def pack_scan(ctx: DoctorContext) -> PackScan:
     """The pack's header summary, read once per run."""
-    assert ctx.pack is not None
-    return ctx.cached("pack.scan", lambda: scan_pack(ctx.pack))
+    source = ctx.source
+    assert source is not None
+    if source.local is not None:
+        return ctx.cached("pack.scan", lambda: scan_pack(source.local))
+    return ctx.cached("pack.scan", lambda: scan_source(source))
+
+
+@dataclass(frozen=True)
+class PackIndex:
+    """``model.safetensors.index.json`` as read: ``weight_map`` (tensor name -> file) when it is valid;
+    ``absent`` when the pack has none; ``error`` says why it cannot be used (one sentence, no period)."""
+
+    weight_map: dict | None = None
+    absent: bool = False
+    error: str | None = None
+
+
+def pack_index(ctx: DoctorContext) -> PackIndex:
+    """The pack's index, read once per run (through the pack's source: a directory or the Hub)."""
+
+    def read() -> PackIndex:
+        assert ctx.source is not None
+        try:
+            raw = ctx.source.read_file(INDEX_NAME, INDEX_LIMIT)
+        except FileNotFoundError:
+            return PackIndex(absent=True)
+        except OSError as exc:
+            return PackIndex(error=f"{INDEX_NAME} cannot be read ({exc.strerror or exc})")
+        if json_cost(raw) > INDEX_MEMORY:
+            return PackIndex(
+                error=f"{INDEX_NAME} holds more JSON values than doctor reads ({len(raw):,} bytes, mostly "
+                "separators and brackets)"
+            )
+        try:
+            weight_map = json.loads(raw).get("weight_map")
+        except (ValueError, AttributeError, RecursionError):
+            weight_map = None
+        if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
+            return PackIndex(error=f"{INDEX_NAME} has no valid weight_map (name -> file)")
+        return PackIndex(weight_map=weight_map)
+
+    return ctx.cached("pack.index", read)
 
 
 # --------------------------------------------------------------------------- config helpers

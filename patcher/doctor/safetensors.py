@@ -777,6 +777,8 @@ class Shard:
     ``budget`` is the pack's (a fresh one when omitted).
     """
 
+    reads_data = True  # single tensor values (read_i32) can be read; a Hub shard reads its header only
+
     def __init__(self, path: Path, budget: Budget | None = None):
         self.path = path
         self.budget = Budget() if budget is None else budget
