@@ -4,7 +4,9 @@ A check is a function ``fn(ctx: DoctorContext) -> Row | Iterable[Row]``
 registered with ``@check("id", needs=(...))``. Its docstring gives the rule and
 the evidence (DOCTOR-FACTS.md aliases are fine). ``needs`` names what it reads:
 ``"pack"`` (``--pack DIR``), ``"runtime"`` (a located vLLM environment); a check
-whose needs are missing is reported as ``skip`` without being called.
+whose needs are missing is reported as ``skip`` without being called. ``family``
+(``"v4"`` or ``"v41"``) limits a check to packs of that DeepSeek (family.py); a
+check of the other family is left out of the report, not skipped.
 
 Statuses: ``pass``, ``warn``, ``fail``, ``skip``, ``info``. Every ``warn`` and
 ``fail`` row carries ``fix``: the exact command, or the config edit as JSON.
@@ -195,7 +197,29 @@ class DoctorContext:
         self._cache[key] = value
 
     def config(self) -> dict:
-        """The pack's config.json as a dict; raises PackUnreadable (cached either way)."""
+        """The pack's config as vLLM reads it: config.json, with a V4.1 pack's nested ``text_config``
+        and ``vision_config`` flattened (family.flatten_v41); raises PackUnreadable (cached either way)."""
+        from .family import V41, family_of, flatten_v41
+
+        def view():
+            raw = self.raw_config()
+            return flatten_v41(raw) if family_of(raw) == V41 else raw
+
+        return self.cached("config:view", view)
+
+    def pack_family(self) -> str | None:
+        """``v4`` or ``v41`` from config.json (family.family_of); None without a readable config.json."""
+        from .family import family_of
+
+        if self.pack is None:
+            return None
+        try:
+            return family_of(self.raw_config())
+        except PackUnreadable:
+            return None
+
+    def raw_config(self) -> dict:
+        """The pack's config.json as a dict, as written; raises PackUnreadable (cached either way)."""
 
         def load():
             assert self.source is not None
@@ -254,18 +278,27 @@ class CheckSpec:
     id: str
     needs: tuple[str, ...]
     fn: CheckFn
+    family: str | None = None  # "v4" | "v41": the packs the check applies to; None: every pack
+
+
+def applies(spec: CheckSpec, ctx: DoctorContext) -> bool:
+    """Whether ``spec`` belongs in the report: a family-bound check runs only on a pack of its family
+    (without a readable config.json, or without --pack, the V4 checks run, as they always did)."""
+    if spec.family is None:
+        return True
+    return spec.family == (ctx.pack_family() or "v4")
 
 
 CHECKS: list[CheckSpec] = []
 
 
-def check(check_id: str, *, needs: tuple[str, ...] = ()) -> Callable[[CheckFn], CheckFn]:
+def check(check_id: str, *, needs: tuple[str, ...] = (), family: str | None = None) -> Callable[[CheckFn], CheckFn]:
     """Register ``fn`` as the check ``check_id`` (ids are unique; order of registration is report order)."""
 
     def register(fn: CheckFn) -> CheckFn:
         if any(spec.id == check_id for spec in CHECKS):
             raise ValueError(f"doctor check {check_id} registered twice")
-        CHECKS.append(CheckSpec(check_id, tuple(needs), fn))
+        CHECKS.append(CheckSpec(check_id, tuple(needs), fn, family))
         return fn
 
     return register
@@ -282,6 +315,8 @@ def run_checks(ctx: DoctorContext, checks: Iterable[CheckSpec] | None = None) ->
     """Run every registered check (or ``checks``); a check that raises is reported, never propagated."""
     rows: list[Row] = []
     for spec in CHECKS if checks is None else checks:
+        if not applies(spec, ctx):
+            continue
         missing = [need for need in spec.needs if not _NEEDS[need](ctx)]
         if missing:
             rows.append(Row(spec.id, SKIP, _MISSING[missing[0]]))

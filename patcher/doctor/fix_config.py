@@ -25,6 +25,7 @@ from pathlib import Path
 
 from ..fs import Dir, Owner, UnsafePath
 from .base import CONFIG_LIMIT, DoctorContext, read_regular_file
+from .family import V41
 from .pack import (
     FP8_DELEGATE,
     STOCK_POLICY,
@@ -41,6 +42,7 @@ from .pack import (
     valid_bits,
     wanted_codebook,
 )
+from .v41_config import apply_edits, v41_config_edits
 
 BACKUP_SUFFIX = ".bak"  # the name the recipe's fixer uses, so either tool finds the other's backup
 
@@ -141,8 +143,11 @@ def fix_config(pack: Path, checks: DoctorContext | None = None) -> FixResult:
         text = original.decode("utf-8")
     except UnicodeDecodeError:
         return FixResult(config, refused=f"{config} is not UTF-8 text")
-    cfg = ctx.config()
-    new = planned_config(cfg, pack_scan(ctx))
+    cfg = ctx.raw_config()  # as written: a V4.1 config stays nested
+    if ctx.pack_family() == V41:
+        new = apply_edits(cfg, v41_config_edits(ctx))
+    else:
+        new = planned_config(cfg, pack_scan(ctx))
     existing_backup = config.with_name(config.name + BACKUP_SUFFIX)
     if new == cfg:
         return FixResult(config, backup=existing_backup if existing_backup.is_file() else None)

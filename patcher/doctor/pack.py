@@ -27,6 +27,7 @@ from .base import (
     json_cost,
 )
 from .safetensors import Budget, Shard, ShardError
+from .v41_scan import V41Summary
 
 MARKER_VALUES = {"mcg": -877912083, "mul1": -2082680531}  # P exl3.py:94,96
 VALID_K = (2, 3, 4, 5, 6)  # P exl3.py Exl3Config.__init__
@@ -130,6 +131,7 @@ class PackScan:
     first_vision_tensor: str | None = None
     # "layers.N.attn.wq_a" -> part ("weight", "scale", "trellis", ...) -> (dtype, shape)
     dense: dict[str, dict[str, tuple[str, list]]] = field(default_factory=lambda: defaultdict(dict))
+    v41: V41Summary = field(default_factory=V41Summary)  # what the DeepSeek-V4.1 rows read
 
     def _marker(self, shard: Shard, name: str, entry: dict, suffix: str) -> None:
         if not shard.reads_data:
@@ -157,6 +159,7 @@ class PackScan:
         # One loop over ~2,900 names per shard (138k in the pack): the routed-expert names, nearly all
         # of them, take the first branch with as few lookups as possible.
         experts, layouts, widths, part_info = self.experts, self.expert_layouts, self.widths, EXPERT_PART_INFO
+        self.v41.add_payload(shard.tensors)
         for name, entry in shard.tensors.items():
             parts = name.split(".")
             if len(parts) == 7 and parts[3] == "experts" and parts[2] == "ffn":
@@ -172,6 +175,8 @@ class PackScan:
                     layer = int(first)
                     if head == "mtp":
                         self.mtp_blocks.add(layer)
+                        start, end = entry["data_offsets"]
+                        self.v41.mtp_bytes += end - start
                     part = parts[6]
                     info = part_info.get((parts[5], part))
                     if info is None:
@@ -198,7 +203,9 @@ class PackScan:
     def _add_other(self, shard: Shard, name: str, entry: dict, parts: list[str]) -> None:
         """Every name but a routed expert's: MTP blocks, gates, dense linears, the vision tower, stray markers."""
         head = parts[0]
-        if head in ("layers", "mtp") and len(parts) > 2 and _index(parts[1]) is not None:
+        numbered = head in ("layers", "mtp") and len(parts) > 2 and _index(parts[1]) is not None
+        self.v41.note(name, parts, entry, shard.path.name, int(parts[1]) if numbered else None)
+        if numbered:
             layer = int(parts[1])
             if head == "mtp":
                 self.mtp_blocks.add(layer)
@@ -236,6 +243,7 @@ class PackScan:
             + len(self.mtp_blocks)
             + len(self.gate_bias_layers)
             + len(self.tid2eid_layers)
+            + self.v41.size()
         )
 
     # ---- derived facts
@@ -507,6 +515,10 @@ def _fixer_refusal(ctx: DoctorContext) -> str | None:
         cfg = ctx.config()
     except PackUnreadable as exc:
         return str(exc)
+    if ctx.pack_family() == "v41":  # V4.1 has its own edits (v41_config.v41_config_edits)
+        from .v41_config import v41_fixer_refusal
+
+        return v41_fixer_refusal(ctx)
     scan = pack_scan(ctx)
     if config_int(cfg, "num_hidden_layers") is None:
         return "config.json has no integer num_hidden_layers"

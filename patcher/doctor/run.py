@@ -13,18 +13,21 @@ import platform
 import re
 import shlex
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from patch_dsv4.environment import Environment
 from patch_dsv4.errors import EXIT_NEEDS_ACTION, EXIT_OK, EnvironmentProblem
 
 from .base import CHECKS, FAIL, STATUSES, CheckSpec, DoctorContext, Row, Runtime, clip, run_checks
+from .family import V4
 
 # The check modules, in report order; importing one registers its checks (base.check).
 PACK_CHECK_MODULES = (
+    "v41_config",  # v41.config, v41.delegate (DeepSeek-V4.1 packs only)
     "config",  # pack.config, pack.text-config, quant.method, quant.bits, quant.codebook
     "shards",  # pack.shards, pack.index, pack.symlinks
+    "v41_tensors",  # v41.pack-kind, v41.engram-tables, v41.backbone, v41.experts, v41.vision (V4.1 only)
     "experts",  # experts.complete, experts.shapes, experts.one-k
     "bits",  # quant.layer-bits, experts.markers
     "dense",  # dense.policy, mtp.format, quant.delegate, dense.exl3-map, dense.wo-a-slices
@@ -33,9 +36,40 @@ PACK_CHECK_MODULES = (
 CHECK_MODULES = (
     "source",  # pack.source: for a pack on the Hub only, the commit judged and the bytes read
     *PACK_CHECK_MODULES,
+    "v41_serving",  # v41.*: DSpark, EP filter, topology, indexer top-k, streams, FlashInfer (V4.1 only)
+    "v41_engram",  # v41.engram-capacity: the Engram tables against the host (V4.1 only)
     "runtime",  # rt.*: the serving interpreter's packages (vLLM, FlashInfer, exllamav3, the plugin, torch)
     "environ",  # env.*: environment variables and serve flags against this vLLM and pack
     "host",  # host.*: the GPUs, memory, page cache, the pack's size
+)
+# The DeepSeek-V4 rows that do not apply to a V4.1 pack (a v41.* row judges the same thing from V4.1's
+# facts, v41-packs.md §1.1, §2, §4): left out of a V4.1 pack's report. The v41_* modules register theirs
+# with family="v41".
+V4_ONLY = frozenset(
+    {
+        "pack.config",  # v41.config
+        "pack.text-config",  # V4.1's text_config is its layout, not a fault
+        "quant.bits",  # per-tensor K in V4.1 packs (SAGE mixes K1-K6 in a layer): v41.experts
+        "quant.layer-bits",
+        "experts.complete",  # the draft has dspark_n_routed_experts, not n_routed_experts: v41.experts
+        "experts.shapes",
+        "experts.one-k",
+        "dense.policy",  # V4.1's delegate is deepseek_v4_fp8 [32, 32]: v41.delegate
+        "mtp.format",
+        "quant.delegate",
+        "dense.exl3-map",  # non_routed_exl3 is V4's; V4.1 packs say it in their headers: v41.pack-kind
+        "dense.wo-a-slices",
+        "config.topk-method",  # read through the flattened config by v41.config
+        "config.hash-layers",  # V4.1 has no hash layers
+        "config.vision",  # v41.vision
+        "config.spec-k",  # v41.topology (DSpark only)
+        "env.shared-stream",  # v41.shared-stream, from the headers
+        "env.aux-streams",  # v41.aux-streams (the compressor only)
+        "env.dense-exl3",  # v41.pack-kind
+        "rt.flashinfer",  # v41.flashinfer (V4.1 decodes with sliding_window, not index_topk)
+        "host.kv-budget",  # V4's 43 x (512 + 64) bytes a token; V4.1's memory: v41.engram-capacity
+        "host.sorted-load",  # V4's vision class
+    }
 )
 
 
@@ -43,6 +77,9 @@ def _register_checks() -> None:
     """Import the check modules: registration order is report order (pack, runtime, environment, host)."""
     for name in CHECK_MODULES:
         importlib.import_module(f"{__package__}.{name}")
+    for i, spec in enumerate(CHECKS):
+        if spec.id in V4_ONLY and spec.family is None:
+            CHECKS[i] = replace(spec, family=V4)
 
 
 def pack_checks() -> list[CheckSpec]:
