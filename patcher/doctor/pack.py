@@ -132,28 +132,39 @@ class PackScan:
     # "layers.N.attn.wq_a" -> part ("weight", "scale", "trellis", ...) -> (dtype, shape)
     dense: dict[str, dict[str, tuple[str, list]]] = field(default_factory=lambda: defaultdict(dict))
     v41: V41Summary = field(default_factory=V41Summary)  # what the DeepSeek-V4.1 rows read
+    _pending: list = field(default_factory=list, repr=False)  # markers of the shard being read, to check
 
     def _marker(self, shard: Shard, name: str, entry: dict, suffix: str) -> None:
+        """Queue one marker of ``shard`` (read in one batch by ``_read_markers``, at the end of the shard)."""
         if not shard.reads_data:
             self.markers_unread += 1
             return
         self.markers_checked += 1
         start, end = entry["data_offsets"]
-        expected = MARKER_VALUES[suffix]
-        if end - start != 4:
-            problem = f"{name} is {end - start} bytes, not one int32"
-        else:
-            try:
-                value = shard.read_i32(name)
-            except ShardError as exc:
-                problem = str(exc)
+        self._pending.append((name, start, suffix, None if end - start == 4 else end - start))
+
+    def _read_markers(self, shard: Shard) -> None:
+        """Check the queued markers, their bytes read a window at a time (thousands per shard, packed together)."""
+        pending, self._pending = self._pending, []
+        values = shard.read_i32s([start for _, start, _, size in pending if size is None])
+        found = iter(values)
+        for name, start, suffix, size in pending:
+            expected = MARKER_VALUES[suffix]
+            if size is not None:
+                problem = f"{name} is {size} bytes, not one int32"
             else:
+                value = next(found)
                 if value == expected:
-                    return
-                problem = f"{name} holds {value}, not the {suffix.upper()} marker {expected}"
-        self.bad_marker_count += 1
-        if self.first_bad_marker is None:
-            self.first_bad_marker = problem
+                    continue
+                if value is None:
+                    problem = str(
+                        ShardError(shard.path, f"tensor {name!r} cannot be read at byte {8 + shard.header_len + start}")
+                    )
+                else:
+                    problem = f"{name} holds {value}, not the {suffix.upper()} marker {expected}"
+            self.bad_marker_count += 1
+            if self.first_bad_marker is None:
+                self.first_bad_marker = problem
 
     def add_shard(self, shard: Shard) -> None:
         # One loop over ~2,900 names per shard (138k in the pack): the routed-expert names, nearly all
@@ -199,6 +210,8 @@ class PackScan:
                         widths[(head, layer)].setdefault(shape[-1], name)
                     continue
             self._add_other(shard, name, entry, parts)
+        if self._pending:
+            self._read_markers(shard)
 
     def _add_other(self, shard: Shard, name: str, entry: dict, parts: list[str]) -> None:
         """Every name but a routed expert's: MTP blocks, gates, dense linears, the vision tower, stray markers."""
