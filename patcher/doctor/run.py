@@ -36,9 +36,9 @@ PACK_CHECK_MODULES = (
 CHECK_MODULES = (
     "source",  # pack.source: for a pack on the Hub only, the commit judged and the bytes read
     *PACK_CHECK_MODULES,
+    "runtime",  # rt.*: the serving interpreter's packages (vLLM, FlashInfer, exllamav3, the plugin, torch)
     "v41_serving",  # v41.*: DSpark, EP filter, topology, indexer top-k, streams, FlashInfer (V4.1 only)
     "v41_engram",  # v41.engram-capacity: the Engram tables against the host (V4.1 only)
-    "runtime",  # rt.*: the serving interpreter's packages (vLLM, FlashInfer, exllamav3, the plugin, torch)
     "overlay",  # rt.overlay-imports: files of vLLM overlaid from another vLLM, and the names they lack
     "environ",  # env.*: environment variables and serve flags against this vLLM and pack
     "host",  # host.*: the GPUs, memory, page cache, the pack's size

@@ -11,7 +11,7 @@ import copy
 import json
 from dataclasses import dataclass
 
-from .base import FAIL, PASS, DoctorContext, Row, check
+from .base import FAIL, PASS, SKIP, DoctorContext, Row, check
 from .family import V41, V41_ARCHITECTURE, V41_MODEL_TYPE, architectures
 from .pack import echo, pack_scan, plural, quantization_config, wanted_codebook
 
@@ -37,6 +37,7 @@ OPTIONAL = (
     "sliding_window",
     "num_nextn_predict_layers",
     "dspark_n_routed_experts",
+    "dspark_block_size",
     "engram_head_dim",
     "engram_n_heads",
     "engram_max_ngram_size",
@@ -119,9 +120,10 @@ def read_numbers(cfg: dict) -> tuple[V41Numbers | None, list[str]]:
     for key in REQUIRED + OPTIONAL:
         raw = cfg.get(key)
         value = _int(raw)
-        limit = (
-            MAX_LAYERS if key == "num_hidden_layers" else (1 << 40 if "vocab" in key or "max_" in key else MAX_WIDTH)
-        )
+        if key in ("num_hidden_layers", "num_nextn_predict_layers"):
+            limit = MAX_LAYERS
+        else:
+            limit = 1 << 40 if "vocab" in key or "max_" in key else MAX_WIDTH
         if value is None or value <= 0 or value > limit:
             if raw is None and key in OPTIONAL:
                 continue
@@ -158,7 +160,7 @@ def read_numbers(cfg: dict) -> tuple[V41Numbers | None, list[str]]:
             f"num_experts_per_tok {values['num_experts_per_tok']} is more than n_routed_experts "
             f"{values['n_routed_experts']}"
         )
-    if any(key not in values for key in REQUIRED):
+    if problems:  # the rows that read the numbers skip; v41.config names the problem
         return None, problems
     return V41Numbers(values, engram_layers, rows, ratios, kv_sources, index_sources, targets), problems
 
@@ -292,7 +294,7 @@ def check_v41_delegate(ctx: DoctorContext) -> Row:
     nvidia/model.py:1538-1549; VC scripts/validate_pack.py). A dense-EXL3 pack needs no delegate."""
     numbers = v41_numbers(ctx)
     if numbers is None:
-        return Row("v41.delegate", PASS, "not judged: config.json lacks the numbers it needs (see v41.config).")
+        return Row("v41.delegate", SKIP, "config.json lacks the numbers this check reads (see v41.config).")
     if not pack_is_routed_only(ctx):
         return Row("v41.delegate", PASS, "a dense-EXL3 pack: its dense linears and draft are EXL3, no delegate.")
     cfg = ctx.config()

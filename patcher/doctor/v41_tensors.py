@@ -73,35 +73,47 @@ def check_pack_kind(ctx: DoctorContext) -> Row:
                 "[32, 32] FP8 scales would map to weight_scale_inv, which no parameter has.",
                 "Install a vllm-exl3 with DeepSeek-V4.1 support (it needs no model-code edit and no patch).",
             )
-        needs = (
-            "vllm-exl3 with its V4.1 shim, which is installed"
-            if plugin
-            else "vllm-exl3 with its V4.1 shim (no vLLM environment read to tell whether it is installed)"
-        )
+        if plugin:
+            needs = "vllm-exl3 with its V4.1 shim, which is installed"
+        elif ctx.runtime is None:
+            needs = "vllm-exl3 with its V4.1 shim (no vLLM environment was read to tell whether it is installed)"
+        else:
+            needs = "vllm-exl3 with its V4.1 shim (vllm-exl3 is not installed: see rt.plugin)"
         return Row("v41.pack-kind", PASS, f"{detail} It needs {needs}; no patch-dsv4 opt-in.")
     where = [f"{place} ({scan.v41.first_exl3[place]})" for place in places]
     if scan.mtp_format() == "exl3" and "draft" not in places:
         where.append("draft experts")
     detail = f"dense EXL3: EXL3 tensors outside the routed experts, in {first_of(where)}"
+    switches = []
+    if "shared expert" in places:
+        switches.append("VLLM_DISABLE_SHARED_EXPERTS_STREAM=1")
+    if "compressor" in places:
+        switches.append("the aux-streams opt-in with PATCH_DSV4_AUX_STREAMS=0")
+    opt_ins = (
+        f" Served so, this kind also needs {' and '.join(switches)} (v41.shared-stream, v41.aux-streams)."
+        if switches
+        else ""
+    )
     if ctx.runtime is None:
         return Row(
             "v41.pack-kind",
             INFO,
             detail + "; it serves only with an in-tree EXL3 method (MiaAI-Lab's image); no vLLM environment was "
-            "read to tell.",
+            "read to tell." + opt_ins,
         )
     in_tree = ctx.runtime.vllm_root is not None and (ctx.runtime.vllm_root / IN_TREE_EXL3).is_file()
     if in_tree:
         return Row(
             "v41.pack-kind",
             PASS,
-            detail + f"; the serving vLLM has an in-tree EXL3 method ({IN_TREE_EXL3}, MiaAI-Lab's), which loads them.",
+            detail + f"; the serving vLLM has an in-tree EXL3 method ({IN_TREE_EXL3}, MiaAI-Lab's), which loads "
+            "them." + opt_ins,
         )
     return Row(
         "v41.pack-kind",
         FAIL,
         detail + f"; vLLM {ctx.runtime.vllm_version or ''} has no in-tree EXL3 method and vllm-exl3 loads only routed "
-        "EXL3 experts for V4.1, so these tensors have no parameter to load into.",
+        "EXL3 experts for V4.1, so these tensors have no parameter to load into." + opt_ins,
         "Serve this pack with MiaAI-Lab's image (its in-tree exl3.py and model edits), or use a routed-only "
         "EXL3 pack; patch-dsv4 has no V4.1 dense-EXL3 port yet.",
     )
@@ -116,7 +128,8 @@ def table_expectations(numbers: V41Numbers) -> dict[int, dict[str, tuple[str, li
     }
 
 
-MAX_PRIMES = 4096  # primes doctor computes to check engram_num_embeddings (V4.1-Flash: 48)
+MAX_PRIMES = 1024  # primes doctor computes to check engram_num_embeddings (V4.1-Flash: 48)
+MAX_PRIME_START = 1 << 40  # and the largest engram_vocab_size it starts from (V4.1-Flash: 16,000,000)
 
 
 def _is_prime(n: int) -> bool:
@@ -150,7 +163,7 @@ def engram_prime_rows(numbers: V41Numbers) -> list[int] | None:
     for more primes, or larger ones, than doctor computes."""
     heads = numbers["engram_n_heads"] * (numbers["engram_max_ngram_size"] - 1)
     start = numbers["engram_vocab_size"]
-    if heads <= 0 or heads * len(numbers.engram_layers) > MAX_PRIMES or start > 1 << 62:
+    if heads <= 0 or heads * len(numbers.engram_layers) > MAX_PRIMES or start > MAX_PRIME_START:
         return None
     rows, n = [], start
     for _ in numbers.engram_layers:
@@ -310,25 +323,28 @@ def check_experts(ctx: DoctorContext) -> Row:
         return skip
     scan = pack_scan(ctx)
     experts, draft_experts = numbers["n_routed_experts"], numbers.draft_experts
+    by_block: dict[tuple[str, int], dict[int, int]] = {}
+    for (block, layer, expert), mask in scan.experts.items():
+        by_block.setdefault((block, layer), {})[expert] = mask
     missing, first = 0, None
 
     def count(block: str, layer: int, total: int, complete: int) -> None:
+        """Counted from the experts present: a config may declare millions, none is looped over."""
         nonlocal missing, first
-        present = 0
-        for expert in range(total):
-            mask = scan.experts.get((block, layer, expert), 0)
-            present += mask != 0
-            lack = bin(complete & ~mask).count("1")
-            if lack and first is None:
-                first = f"{block}.{layer}.ffn.experts.{expert}"
-            missing += lack
+        present = {e: m for e, m in by_block.get((block, layer), {}).items() if e < total}
+        here = (total - len(present)) * bin(complete).count("1")
+        here += sum(bin(complete & ~m).count("1") for m in present.values())
+        if here and first is None:
+            expert = 0
+            while expert in present and not complete & ~present[expert]:
+                expert += 1
+            first = f"{block}.{layer}.ffn.experts.{expert}"
+        missing += here
 
-    if numbers.layers * experts > 10_000_000:
-        return Row("v41.experts", SKIP, "the config declares more experts than doctor counts one by one.")
     for layer in range(numbers.layers):
         count("layers", layer, experts, EXL3_COMPLETE)
     draft_format = scan.mtp_format()
-    if numbers.draft_stages and draft_experts * numbers.draft_stages <= 1_000_000:
+    if numbers.draft_stages:
         complete = EXL3_COMPLETE if draft_format == "exl3" else SOURCE_COMPLETE
         for stage in range(numbers.draft_stages):
             count("mtp", stage, draft_experts, complete)

@@ -358,3 +358,106 @@ def test_a_shard_of_more_entries_than_doctor_keeps_is_a_fail_row_naming_the_limi
     monkeypatch.setattr(reader, "FAST_HEADER_LEN", -1)
     row = run_pack_checks(mixedk())["pack.shards"]
     assert row.status == FAIL and "describes more than doctor keeps of one shard" in row.detail
+
+
+# ------------------------------------------------------------------ DeepSeek-V4.1's nested config
+
+
+def _v41_edit(path: tuple, value):
+    def edit(config):
+        target = config
+        for key in path[:-1]:
+            target = target[key]
+        if value is _DELETE:
+            del target[path[-1]]
+        else:
+            target[path[-1]] = value
+
+    return edit
+
+
+_DELETE = object()
+V41_HOSTILE = [
+    (("text_config",), [], "text_config is a JSON list"),
+    (("text_config",), _DELETE, "config.json is flat (no text_config)"),
+    (("text_config",), "deepseek", "text_config is a JSON str"),
+    (("vision_config",), 7, "vision_config is a JSON int"),
+    (("text_config", "num_hidden_layers"), "40", 'num_hidden_layers is a JSON str ("40")'),
+    (("text_config", "num_hidden_layers"), 10**12, "doctor takes up to 100,000"),
+    (("text_config", "hidden_size"), 2**200, "not a positive integer"),
+    (("text_config", "n_routed_experts"), -384, "n_routed_experts is a JSON int (-384)"),
+    (("text_config", "num_attention_heads"), True, "num_attention_heads is a JSON bool"),
+    (("text_config", "engram_num_embeddings"), [2**70], "n/a"),
+    (("text_config", "engram_num_embeddings"), [1, 2, 3], "engram_num_embeddings has 3 entries for 1 Engram layer"),
+    (("text_config", "engram_layer_ids"), [10**9], "names a layer past num_hidden_layers"),
+    (("text_config", "engram_layer_ids"), "1,14", "engram_layer_ids is a JSON str"),
+    (("text_config", "engram_vocab_size"), 10**30, "engram_vocab_size is a JSON int"),
+    (("text_config", "engram_head_dim"), 100, "not a multiple of 32"),
+    (("text_config", "compress_ratios"), {"0": 1}, "compress_ratios is a JSON dict"),
+    (("text_config", "num_nextn_predict_layers"), 10**7, "doctor takes up to 100,000"),
+    (("text_config", "n_routed_experts"), 10**6, "n/a"),
+    (("model_type",), "deepseek_v4", 'model_type is "deepseek_v4" but architectures'),
+]
+
+
+@pytest.mark.parametrize(
+    "path, value, text", V41_HOSTILE, ids=[f"{'.'.join(p)}={str(v)[:12]}" for p, v, _ in V41_HOSTILE]
+)
+def test_hostile_v41_configs_are_failures_with_reasons(tmp_path, path, value, text):
+    """Every check and --fix-config on a V4.1 config with one value made hostile: no internal error, no
+    check past 10 s; where the config itself is wrong, v41.config fails quoting the reason (n/a: the value
+    is well-formed but absurd, and the rows that read it must still answer)."""
+    from tests.doctor.synthetic_v41 import SMALL41, build_v41_pack
+
+    _register_checks()
+    pack = build_v41_pack(tmp_path / "pack", SMALL41, edit_config=_v41_edit(path, value))
+    ctx = DoctorContext(pack=pack, runtime=fake_vllm(tmp_path / "site", version="0.34.0"), environ={"PATH": ""})
+    previous = signal.signal(signal.SIGALRM, _hang)
+    signal.alarm(10)
+    try:
+        rows = run_checks(ctx, CHECKS)
+        fixed = fix_config(pack)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    crashed = [row for row in rows if row.detail.startswith("internal error")]
+    assert not crashed, crashed
+    assert all(len(row.detail) <= ROW_LIMIT + 40 for row in rows)
+    assert fixed.refused is None or "internal" not in fixed.refused
+    config_row = next(row for row in rows if row.id == "v41.config")
+    if text != "n/a":
+        assert config_row.status == FAIL and text in config_row.detail, config_row
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_type_wrong_v41_configs_give_rows_not_internal_errors(seed, tmp_path):
+    """The random replacements above, on V4.1's nested config (routed-only and dense packs)."""
+    from tests.doctor.synthetic_v41 import SMALL41, build_v41_pack, v41_config
+
+    _register_checks()
+    rng = random.Random(seed)
+    packs = {kind: build_v41_pack(tmp_path / kind, SMALL41, kind=kind) for kind in ("routed", "dense")}
+    runtime = fake_vllm(tmp_path / "site", version="0.34.0")
+    previous = signal.signal(signal.SIGALRM, _hang)
+    try:
+        for _ in range(30):
+            kind = rng.choice(sorted(packs))
+            config, edits = v41_config(SMALL41, kind=kind), []
+            for _ in range(rng.randint(1, 3)):
+                path, value = rng.choice(list(_places(config))), rng.choice(ODD)
+                config = _set(config, path, value)
+                edits.append((path, str(value)[:40]))
+            (packs[kind] / "config.json").write_text(json.dumps(config))
+            (packs[kind] / "config.json.bak").unlink(missing_ok=True)
+            args = rng.choice(["", "-tp 2 -ep --enable-ep-weight-filter --speculative-config.method dspark"])
+            ctx = DoctorContext.from_serve_args(args, pack=packs[kind], runtime=runtime, environ={"PATH": ""})
+            signal.alarm(10)
+            rows = run_checks(ctx, CHECKS)
+            fixed = fix_config(packs[kind])
+            signal.alarm(0)
+            crashed = [row for row in rows if row.detail.startswith("internal error")]
+            assert not crashed, (edits, crashed)
+            assert fixed.refused is None or "internal" not in fixed.refused
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
