@@ -176,7 +176,7 @@ def planned_fix(ctx: DoctorContext) -> FixResult:
     """The config.json edits the failing pack rows ask for, as a diff, for a pack doctor does not write (one on
     the Hub, read through ``ctx.source``): what ``fix_config`` would write there, nothing written.
 
-    The edits are ``planned_config``'s, so a pack kind it learns (V4.1) is planned here too."""
+    The edits are those ``fix_config`` writes: ``v41_config_edits`` for a V4.1 pack, else ``planned_config``."""
     source = ctx.source
     label = source.where("config.json")
     refusal = fixer_refusal(ctx)
@@ -188,8 +188,11 @@ def planned_fix(ctx: DoctorContext) -> FixResult:
         return FixResult(label, refused=f"{label} cannot be read ({exc.strerror or exc})", written=False)
     except UnicodeDecodeError:
         return FixResult(label, refused=f"{label} is not UTF-8 text", written=False)
-    cfg = ctx.config()
-    new = planned_config(cfg, pack_scan(ctx))
+    cfg = ctx.raw_config()  # as written: a V4.1 config stays nested
+    if ctx.pack_family() == V41:
+        new = apply_edits(cfg, v41_config_edits(ctx))
+    else:
+        new = planned_config(cfg, pack_scan(ctx))
     if new == cfg:
         return FixResult(label, written=False)
     new_text = _dumps_like(text, new)

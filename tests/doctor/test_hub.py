@@ -272,3 +272,19 @@ def test_fix_config_on_a_hub_pack_prints_the_edits_and_writes_nothing(hub_env, m
     fix = as_json.json()["config_fix"]
     assert fix["written"] is False and fix["backup"] is None and "bf16_as_stored" in fix["diff"]
     assert {p.name: p.stat().st_mtime_ns for p in pack.iterdir()} == before
+
+
+def test_fix_config_on_a_v41_hub_pack_prints_v41s_own_edits(hub_env, tmp_path):
+    from patch_dsv4.doctor.fix_config import planned_fix
+
+    pack = build_v41_pack(
+        tmp_path / "pack", SMALL41, edit_config=lambda c: c["quantization_config"].update(quant_method="fp8")
+    )
+    before = (pack / "config.json").read_bytes()
+    with serving({REPO: pack}) as hub:
+        hub_env.setenv("HF_ENDPOINT", hub.endpoint)
+        ctx, _ = judge(f"hf://{REPO}")
+        result = planned_fix(ctx)
+    assert result.written is False and result.refused is None
+    assert '-    "quant_method": "fp8"' in result.diff and '+    "quant_method": "exl3"' in result.diff
+    assert (pack / "config.json").read_bytes() == before
