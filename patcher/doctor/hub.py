@@ -242,14 +242,14 @@ class HubSource(PackSource):
         self._cache[name] = data
         return data
 
-    def range(self, path: PurePosixPath, start: int, stop: int) -> tuple[bytes, int]:
+    def range(self, path: PurePosixPath, start: int, stop: int) -> tuple[bytearray, int]:
         """Bytes ``start`` to ``stop`` (exclusive) of the file, or fewer where the file ends, and the file's size
         as the server gives it. A server that does not honour the range stops doctor before reading the body."""
         name = path.name
         self._budget(stop - start, name)
         self.requests += 1
         asked = f"bytes={start}-{stop - 1}"
-        chunks, got, want = [], 0, 0
+        body, got, want = bytearray(), 0, 0
         try:
             with self._utils.get_session().stream(
                 "GET", self._url(name), headers=self._headers({"Range": asked}), timeout=TIMEOUT
@@ -284,8 +284,8 @@ class HubSource(PackSource):
                     )
                 want = last - first + 1
                 for chunk in response.iter_bytes():
-                    chunks.append(chunk[: want - got])
-                    got += min(len(chunk), want - got)
+                    body += chunk[: want - got]
+                    got = len(body)
                     if got >= want:
                         break
         except (HubStop, ShardError):
@@ -300,7 +300,7 @@ class HubSource(PackSource):
             self.header_bytes += got
         if got < want:
             raise ShardError(path, f"the server's answer to {asked} was cut short ({got:,} of {want:,} bytes)")
-        return b"".join(chunks), total
+        return body, total
 
     # ---- the source interface
 
@@ -394,7 +394,11 @@ class HubShard(Shard):
         if start >= end:
             return head
         data, _ = self.source.range(self.path, start, end)
-        return head + data
+        if not head:
+            return data
+        joined = bytearray(head)
+        joined += data
+        return joined
 
     def read_i32(self, name: str) -> int:
         raise ShardError(self.path, f"tensor {name!r} is in the data, which doctor does not read from the Hub")
