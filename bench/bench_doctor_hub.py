@@ -1,6 +1,6 @@
 """doctor on a full-size DeepSeek-V4.1 pack: on disk, from a stand-in Hub, and the overlay check on a real tree.
 
-    python bench/bench_doctor_hub.py [--repeat 5]
+    python bench/bench_doctor_hub.py [--repeat 5] [--tree SITE --overlay-file FILE | --skip-overlay]
 
 Builds the full-size synthetic V4.1-Flash routed-only pack (tests/doctor/synthetic_v41.py: 48 shards, ~188k
 tensors, real headers, sparse data) in a temporary directory, then, each run in a fresh interpreter:
@@ -10,7 +10,9 @@ tensors, real headers, sparse data) in a temporary directory, then, each run in 
    of its own on 127.0.0.1): time, peak RSS, and the bytes doctor read against the bound of the issue, twice
    the headers' bytes plus the JSON files;
 3. rt.overlay-imports on a copy of the real vLLM 0.34.0 tree, pristine and with 0.30.0's
-   model_executor/model_loader/weight_utils.py laid over it.
+   model_executor/model_loader/weight_utils.py laid over it (from the test cache: tests/releases.py; or, where
+   that cache is absent, ``--tree`` a scratch vLLM 0.34.0 site-packages, whose weight_utils.py this overwrites,
+   and ``--overlay-file`` 0.30.0's weight_utils.py).
 """
 
 from __future__ import annotations
@@ -107,6 +109,10 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--skip-overlay", action="store_true")
+    parser.add_argument(
+        "--tree", type=Path, help="a scratch vLLM 0.34.0 site-packages (its weight_utils.py is overwritten)"
+    )
+    parser.add_argument("--overlay-file", type=Path, help="vLLM 0.30.0's weight_utils.py, with --tree")
     args = parser.parse_args()
     med = statistics.median
     work = Path(tempfile.mkdtemp(prefix="bench-doctor-hub-"))
@@ -158,17 +164,23 @@ def main() -> None:
         if args.skip_overlay:
             return
         sys.path.insert(0, str(ROOT))
-        from tests.releases import copy_tree, hand_edit, pristine_tree, wheel_file
+        if args.tree:
+            tree, overlay = args.tree, args.overlay_file.read_text()
+        else:
+            from tests.releases import copy_tree, pristine_tree, wheel_file
 
-        tree = copy_tree(pristine_tree("0.34.0"), work / "site-packages")
+            tree = copy_tree(pristine_tree("0.34.0"), work / "site-packages")
+            overlay = wheel_file("0.30.0", WEIGHT_UTILS).decode()
         runs = [child(OVERLAY, str(tree)) for _ in range(args.repeat)]
         print(f"rt.overlay-imports on vLLM 0.34.0, pristine ({runs[-1][1]['status']}):")
         print(f"  the check alone, median            {med(r[1]['seconds'] for r in runs):.3f} s (imports included)")
         link = tree / "vllm" / "model_executor"
-        target = os.readlink(link)
-        link.unlink()
-        shutil.copytree(target, link, copy_function=os.link, symlinks=True)
-        hand_edit(tree / WEIGHT_UTILS, wheel_file("0.30.0", WEIGHT_UTILS).decode())
+        if link.is_symlink():  # a test copy: a real folder of hard links, never written through
+            target = os.readlink(link)
+            link.unlink()
+            shutil.copytree(target, link, copy_function=os.link, symlinks=True)
+        (tree / WEIGHT_UTILS).unlink()
+        (tree / WEIGHT_UTILS).write_text(overlay)
         runs = [child(OVERLAY, str(tree)) for _ in range(args.repeat)]
         print(
             f"  with 0.30.0's weight_utils.py over it ({runs[-1][1]['status']}): median "
