@@ -77,7 +77,9 @@ def check_quant_method(ctx: DoctorContext) -> Row:
         return Row("quant.method", PASS, 'quantization_config.quant_method is "exl3".')
     found = "absent" if method is None else echo(method)
     refusal = fixer_refusal(ctx)
-    if refusal is None:
+    if refusal is None and ctx.pack_family() == "v41":  # the recipe's V4 fixer would flatten a V4.1 config
+        how = f'Set "quant_method": "exl3" in quantization_config{fix_config_note(ctx)}.'
+    elif refusal is None:
         how = (
             f'Set "quant_method": "exl3"{fix_config_note(ctx)}; for the archived fork route use '
             f'the recipe\'s "python scripts/fix_pack_config.py {shlex.quote(str(ctx.pack))} --route b".'

@@ -378,7 +378,8 @@ def graph_capture_autotune(ctx: DoctorContext) -> Row:
     off = cuda_graphs_off(ctx)
     if off:
         return Row("env.graphs-autotune", PASS, f"{off}: no CUDA-graph capture, so no autotuning inside one.")
-    dense = bool(dense_exl3_modules(ctx))
+    # a V4.1 pack declares no non_routed_exl3: its dense EXL3 linears are in the headers (v41_scan)
+    dense = bool(dense_exl3_modules(ctx)) or (ctx.pack_family() == "v41" and bool(pack_scan(ctx).v41.exl3_places))
     native = locate_extension(ctx.runtime, "vllm_exl3_c").path is not None
     if not dense and native:
         return Row(

@@ -14,7 +14,7 @@ from __future__ import annotations
 V4, V41 = "v4", "v41"
 V41_MODEL_TYPE = "deepseek_v41"
 V41_ARCHITECTURE = "DeepseekV41ForCausalLM"
-# vision_config key -> the attribute vLLM's V4.1 config sets (V4's names, which the V4 vision tower reads)
+# vision_config key -> the attribute vLLM's V4.1 config sets (V34 transformers_utils/configs/deepseek_v41.py:52-62)
 VISION_KEYS = {
     "num_hidden_layers": "vision_n_layers",
     "hidden_size": "vision_dim",
@@ -23,6 +23,9 @@ VISION_KEYS = {
     "patch_size": "vision_patch_size",
     "downsample_ratio": "vision_downsample_ratio",
     "max_image_tokens": "vision_max_n_token",
+    "rope_theta": "vision_rope_theta",
+    "min_pixels": "vision_min_pixels",
+    "max_wh_ratio": "vision_max_wh_ratio",
 }
 
 
@@ -39,18 +42,20 @@ def family_of(cfg: dict) -> str:
 
 
 def flatten_v41(cfg: dict) -> dict:
-    """The V4.1 config as vLLM's ``DeepseekV41Config`` presents it: the top level, then every
-    ``text_config`` key but ``model_type`` over it, then ``vision_config`` as ``vision_*``, then
-    ``quantization_config.expert_dtype``. A ``text_config``/``vision_config`` that is not an object
-    adds nothing (v41.config says why)."""
-    flat = {k: v for k, v in cfg.items() if k not in ("text_config", "vision_config")}
+    """The V4.1 config as vLLM's ``DeepseekV41Config`` presents it: every ``text_config`` key but
+    ``model_type`` (and ``rope_scaling``, which it moves to ``rope_parameters``), then the top level over
+    them (``PreTrainedConfig.__init__`` sets its kwargs after), ``quantization_config.expert_dtype`` where
+    the text keys did not set one, and ``vision_config`` as ``vision_*`` (``vision_n_layers`` 0 without one).
+    A ``text_config``/``vision_config`` that is not an object adds nothing (v41.config says why)
+    (V34 transformers_utils/configs/deepseek_v41.py:20-62)."""
     text = cfg.get("text_config")
-    if isinstance(text, dict):
-        flat.update((k, v) for k, v in text.items() if k != "model_type")
-    vision = cfg.get("vision_config")
-    if isinstance(vision, dict):
-        flat.update((VISION_KEYS[k], v) for k, v in vision.items() if k in VISION_KEYS)
+    flat = {k: v for k, v in text.items() if k not in ("model_type", "rope_scaling")} if isinstance(text, dict) else {}
+    flat.update((k, v) for k, v in cfg.items() if k not in ("text_config", "vision_config"))
     quant = cfg.get("quantization_config")
-    if isinstance(quant, dict) and "expert_dtype" in quant:
+    if "expert_dtype" not in flat and isinstance(quant, dict) and "expert_dtype" in quant:
         flat["expert_dtype"] = quant["expert_dtype"]
+    vision = cfg.get("vision_config")
+    vision = vision if isinstance(vision, dict) else {}
+    flat["vision_n_layers"] = vision.get("num_hidden_layers", 0)
+    flat.update((VISION_KEYS[k], v) for k, v in vision.items() if k in VISION_KEYS and k != "num_hidden_layers")
     return flat

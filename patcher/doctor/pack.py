@@ -170,7 +170,7 @@ class PackScan:
         # One loop over ~2,900 names per shard (138k in the pack): the routed-expert names, nearly all
         # of them, take the first branch with as few lookups as possible.
         experts, layouts, widths, part_info = self.experts, self.expert_layouts, self.widths, EXPERT_PART_INFO
-        self.v41.add_payload(shard.tensors)
+        self.v41.add_payload(shard)
         for name, entry in shard.tensors.items():
             parts = name.split(".")
             if len(parts) == 7 and parts[3] == "experts" and parts[2] == "ffn":

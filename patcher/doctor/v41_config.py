@@ -144,6 +144,10 @@ def read_numbers(cfg: dict) -> tuple[V41Numbers | None, list[str]]:
         )
     if engram_layers:
         problems += [f"{key} is {_kind(cfg.get(key))}, which Engram needs" for key in ENGRAM_KEYS if key not in values]
+    if engram_layers and values.get("engram_max_ngram_size", 2) < 2:
+        problems.append(
+            f"engram_max_ngram_size is {values['engram_max_ngram_size']}: Engram hashes n-grams of 2 and more tokens"
+        )
     if values.get("engram_head_dim", 32) % 32:
         problems.append(f"engram_head_dim {values['engram_head_dim']} is not a multiple of 32 (E8M0 scale blocks)")
     ratios = _int_list(cfg, "compress_ratios", problems, None, "")

@@ -65,9 +65,14 @@ class V41Summary:
     exl3_places: Counter = field(default_factory=Counter)  # EXL3_PLACES -> trellis count
     first_exl3: dict[str, str] = field(default_factory=dict)  # EXL3_PLACES -> first name
 
-    def add_payload(self, tensors: dict) -> None:
-        """One shard's payload size: its last tensor's end (the tensors are contiguous from 0)."""
-        self.payload_bytes += max((entry["data_offsets"][1] for entry in tensors.values()), default=0)
+    def add_payload(self, shard) -> None:
+        """One shard's payload size: the file past its header where the file is as long as the header says
+        (the tensors then cover it from 0 with no gap), else the last tensor's end."""
+        file_size, header_len = getattr(shard, "file_size", 0), getattr(shard, "header_len", 0)
+        if getattr(shard, "size_error", None) is None and file_size > 8 + header_len:
+            self.payload_bytes += file_size - 8 - header_len
+            return
+        self.payload_bytes += max((entry["data_offsets"][1] for entry in shard.tensors.values()), default=0)
 
     def size(self) -> int:
         return sum(map(len, self.families.values())) + len(self.tables) + len(self.first_exl3)

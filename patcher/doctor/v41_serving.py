@@ -45,9 +45,16 @@ def json_flag(ctx: DoctorContext, name: str) -> dict | str | None:
             key, _, inline = arg[len(name) + 1 :].partition("=")
             raw = inline if "=" in arg else (args[i + 1] if i + 1 < len(args) else "")
             try:
-                value[key] = json.loads(raw)
+                parsed_value = json.loads(raw)
             except (ValueError, RecursionError):
-                value[key] = raw
+                parsed_value = raw
+            target = value
+            *parents, last = key.split(".")  # --x.a.b v nests as {"a": {"b": v}}, as vLLM reads it
+            for parent in parents:
+                if not isinstance(target.get(parent), dict):
+                    target[parent] = {}
+                target = target[parent]
+            target[last] = parsed_value
             dotted = True
     return value if (text is not None or dotted) else None
 
@@ -104,11 +111,12 @@ def check_ep_filter_draft(ctx: DoctorContext) -> Row:
             else ("the draft has as many experts as the target" if draft >= target else "the draft's experts are EXL3")
         )
         return Row("v41.ep-filter-draft", PASS, f"--enable-ep-weight-filter with DSpark, but {why}: nothing skipped.")
+    starved = "rank 1 never loads its" if ranks == 2 else f"ranks 1-{ranks - 1} never load their"
     return Row(
         "v41.ep-filter-draft",
         WARN,
         f"[silent-draft] --enable-ep-weight-filter sizes its expert filter from the target's {target} experts; the "
-        f"DSpark draft has {draft}, so EP ranks 1-{ranks - 1} never load their draft experts (acceptance "
+        f"DSpark draft has {draft}, so EP {starved} draft experts (acceptance "
         "collapses, nothing is reported).",
         "Drop --enable-ep-weight-filter (every rank then reads all expert tensors: a slower load, the same memory).",
     )
@@ -160,7 +168,8 @@ def check_draft_overrides(ctx: DoctorContext) -> Row:
 def check_topology(ctx: DoctorContext) -> Row:
     """FAIL (early) when num_attention_heads % TP != 0 or TP > o_groups (V34 models/deepseek_v41/attention.py:364,
     ``n_local_groups = o_groups // tp``; TP3 is a kit feature), with ``--enable-dbo``/``--ubatch-size`` on an
-    Engram model (config/vllm.py:1413-1420), or with speculative method ``mtp`` (V4.1 ships DSpark only,
+    Engram model (use_ubatching: DBO or a ubatch size above 1; config/vllm.py:1413-1420,
+    config/parallel.py:720-721), or with speculative method ``mtp`` (V4.1 ships DSpark only,
     config/speculative.py:863-873)."""
     numbers = v41_numbers(ctx)
     tp = tensor_parallel_size(ctx)
@@ -174,8 +183,10 @@ def check_topology(ctx: DoctorContext) -> Row:
             f"--tensor-parallel-size {tp} does not split {heads} attention heads in {groups} output groups "
             f"(stock vLLM takes TP in {', '.join(map(str, fits))})"
         )
-    if numbers.engram_layers and (ctx.serve_switch("--enable-dbo") or ctx.serve_flag("--ubatch-size")):
-        problems.append("--enable-dbo/--ubatch-size are refused for a model with Engram")
+    ubatch = ctx.serve_flag("--ubatch-size")
+    ubatching = ubatch is not None and not (ubatch.isascii() and ubatch.isdigit() and int(ubatch) <= 1)
+    if numbers.engram_layers and (ctx.serve_switch("--enable-dbo") or ubatching):  # V34 config/parallel.py:720-721
+        problems.append("--enable-dbo/--ubatch-size above 1 are refused for a model with Engram")
     spec = json_flag(ctx, "--speculative-config")
     if isinstance(spec, dict) and spec.get("method") in ("mtp", "deepseek_mtp"):
         problems.append(f'--speculative-config method "{spec["method"]}" is refused for V4.1, which drafts with DSpark')
@@ -201,6 +212,8 @@ def check_indexer_topk(ctx: DoctorContext) -> Row:
     numbers = v41_numbers(ctx)
     topk = numbers.get("index_topk") if numbers else None
     backend = (ctx.serve_flag("--sparse-indexer-topk-backend") or "auto").strip().lower()
+    if topk is None:
+        return Row("v41.indexer-topk", SKIP, "config.json gives no usable index_topk (see v41.config).")
     if topk not in PERSISTENT_TOPK:
         return Row("v41.indexer-topk", PASS, f"index_topk is {topk}: vLLM does not pick persistent_topk for it.")
     if backend not in ("auto", "persistent"):
@@ -280,7 +293,7 @@ def check_aux_streams(ctx: DoctorContext) -> Row:
         return Row("v41.aux-streams", PASS, f"the compressor is EXL3; aux-streams is applied and {switched[0]}.")
     if ctx.environ.get(GEMM_THRESHOLD, "").strip() == "0":
         return Row("v41.aux-streams", PASS, f"the compressor is EXL3 and {GEMM_THRESHOLD}=0 keeps it on one stream.")
-    said = f"the aux-streams patch is {verdict or 'not known (no vLLM environment read)'}"
+    said = f"the aux-streams patch is {verdict or 'not known'}"
     target = target_option(ctx.runtime) if ctx.runtime else ""
     return Row(
         "v41.aux-streams",

@@ -200,6 +200,16 @@ def check_engram_tables(ctx: DoctorContext) -> Row:
         if part not in found.get(layer, {})
     ]
     if missing:
+        from .v41_engram import disk_engram_kit  # its checks are registered by run.py in their place
+
+        kit = disk_engram_kit(ctx)
+        if kit:
+            return Row(
+                "v41.engram-tables",
+                PASS,
+                f"the pack holds no Engram table ({plural(len(missing), 'tensor')} absent); {kit} reads them from "
+                "its own files.",
+            )
         layers = sorted({int(name.split(".")[1]) for name in missing})
         names = ", ".join(f"layers.{layer}.engram.embed.{{weight,scale}}" for layer in layers)
         total = sum(prod(shape) * DTYPE_SIZES[dtype] for parts in expected.values() for dtype, shape in parts.values())

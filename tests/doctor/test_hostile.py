@@ -393,6 +393,7 @@ V41_HOSTILE = [
     (("text_config", "engram_layer_ids"), "1,14", "engram_layer_ids is a JSON str"),
     (("text_config", "engram_vocab_size"), 10**30, "engram_vocab_size is a JSON int"),
     (("text_config", "engram_head_dim"), 100, "not a multiple of 32"),
+    (("text_config", "engram_max_ngram_size"), 1, "engram_max_ngram_size is 1"),
     (("text_config", "compress_ratios"), {"0": 1}, "compress_ratios is a JSON dict"),
     (("text_config", "num_nextn_predict_layers"), 10**7, "doctor takes up to 100,000"),
     (("text_config", "n_routed_experts"), 10**6, "n/a"),

@@ -249,9 +249,17 @@ def test_the_ep_filter_with_dspark_starves_the_draft(small):
     spec = """--speculative-config '{"method": "dspark"}'"""
     rows = run_pack_checks(small(), f"-tp 2 --enable-expert-parallel --enable-ep-weight-filter {spec}")
     row = all_rows(small(), f"-tp 2 --enable-expert-parallel --enable-ep-weight-filter {spec}")["v41.ep-filter-draft"]
-    assert rows and row.status == WARN and "EP ranks 1-1" in row.detail and "8 experts" in row.detail
-    dotted = all_rows(small(), "-tp 2 -ep --enable-ep-weight-filter --speculative-config.method dspark")
-    assert dotted["v41.ep-filter-draft"].status == WARN
+    assert (
+        rows
+        and row.status == WARN
+        and "EP rank 1 never loads its draft experts" in row.detail
+        and "8 experts" in row.detail
+    )
+    dotted = all_rows(small(), "-tp 2 -dp 2 -ep --enable-ep-weight-filter --speculative-config.method dspark")
+    assert (
+        dotted["v41.ep-filter-draft"].status == WARN
+        and "EP ranks 1-3 never load" in dotted["v41.ep-filter-draft"].detail
+    )
     assert all_rows(small(), f"-tp 2 -ep {spec}")["v41.ep-filter-draft"].status == PASS
 
 
@@ -265,19 +273,27 @@ def test_draft_quant_fields_in_a_dict_hf_overrides_fail(small):
     row = all_rows(pack, f"{overrides} {spec}")["v41.draft-overrides"]
     assert row.status == FAIL and "lacks mtp_experts" in row.detail and '"mtp_experts": "source"' in row.fix
     assert all_rows(pack, overrides)["v41.draft-overrides"].status == PASS  # no draft, no miss
+    dotted = "--hf-overrides.quantization_config.mtp_experts source --speculative-config.method dspark"
+    assert all_rows(pack, dotted)["v41.draft-overrides"].status == FAIL
 
 
 @pytest.mark.parametrize(
     "args, text",
     [
         ("-tp 3", "--tensor-parallel-size 3 does not split 8 attention heads"),
-        ("-tp 2 --enable-dbo", "--enable-dbo/--ubatch-size are refused"),
+        ("-tp 2 --enable-dbo", "--enable-dbo/--ubatch-size above 1 are refused"),
+        ("-tp 2 --ubatch-size 2", "--enable-dbo/--ubatch-size above 1 are refused"),
         ("""--speculative-config '{"method": "mtp"}'""", 'method "mtp" is refused'),
     ],
 )
 def test_the_topology_vllm_refuses_fails(small, args, text):
     row = all_rows(small(), args)["v41.topology"]
     assert row.status == FAIL and text in row.detail
+
+
+def test_a_ubatch_size_of_one_or_zero_is_no_microbatching(small):
+    assert all_rows(small(), "-tp 2 --ubatch-size 0")["v41.topology"].status == PASS
+    assert all_rows(small(), "-tp 2 --ubatch-size 1")["v41.topology"].status == PASS
 
 
 def test_the_indexer_topk_row_reads_the_gpu(small, tmp_path):
@@ -499,5 +515,48 @@ def test_miaai_labs_file_backed_engram_passes_capacity_where_its_reader_is_insta
     overrides = """--hf-overrides '{"engram_table_dir": "/models/engram"}'"""
     row = all_rows(small(), f"-tp 2 {overrides}", runtime=runtime)["v41.engram-capacity"]
     assert row.status == PASS and "MiaAI-Lab" in row.detail
+    tables = all_rows(small("mia"), f"-tp 2 {overrides}", runtime=runtime)["v41.engram-tables"]
+    assert tables.status == PASS and "reads them from its own files" in tables.detail
+    assert all_rows(small("mia"), "-tp 2", runtime=runtime)["v41.engram-tables"].status == FAIL
     bare = all_rows(small(), f"-tp 2 {overrides}", runtime=fake_vllm(tmp_path / "stock", version="0.34.0"))
     assert bare["v41.engram-capacity"].status != PASS  # no reader installed: the tables stay resident
+
+
+def test_graph_capture_autotune_sees_a_v41_packs_dense_exl3_in_its_headers(small, tmp_path):
+    """env.graphs-autotune (shared with V4) must not pass a dense-EXL3 V4.1 pack for want of non_routed_exl3."""
+    runtime = fake_vllm(tmp_path / "site", version="0.34.0")
+    row = all_rows(small("dense-exl3"), runtime=runtime)["env.graphs-autotune"]
+    assert row.status == WARN and "dense EXL3 linears" in row.detail
+
+
+def test_a_v41_pack_with_the_sources_quant_method_is_fixed_without_the_v4_recipe(small):
+    """quant.method applies to V4.1 as to V4, but its fix must not send a V4.1 pack to the recipe's V4 fixer;
+    --fix-config sets quant_method inside quantization_config and nothing else."""
+
+    def fp8(config):
+        config["quantization_config"]["quant_method"] = "fp8"
+
+    pack = small("fp8", edit_config=fp8)
+    row = run_pack_checks(pack)["quant.method"]
+    assert row.status == FAIL and "fix_pack_config" not in row.fix and "--fix-config writes it" in row.fix
+    before = json.loads((pack / "config.json").read_text())
+    assert fix_config(pack).changed
+    after = json.loads((pack / "config.json").read_text())
+    before["quantization_config"]["quant_method"] = "exl3"
+    assert after == before
+
+
+def test_the_flattening_follows_vllms_config_class_on_its_order_and_defaults():
+    """Checked against vLLM 0.34.0's DeepseekV41Config (transformers_utils/configs/deepseek_v41.py): the top
+    level wins over a text key of the same name; the text keys' expert_dtype over the quantization block's;
+    vision_n_layers is 0 without a vision_config."""
+    source = (pristine_tree("0.34.0") / "vllm/transformers_utils/configs/deepseek_v41.py").read_text()
+    assert "for key, value in text_config.items():" in source and "super().__init__(**kwargs)" in source
+    assert source.index("setattr(self, key, value)") < source.index("super().__init__(**kwargs)")
+    assert 'vision_config.get("num_hidden_layers", 0)' in source
+    config = v41_config(SMALL41, vision=False)
+    config["text_config"]["pad_token_id"] = 7
+    config["text_config"]["expert_dtype"] = "fp8"
+    config["quantization_config"]["expert_dtype"] = "fp4"
+    flat = flatten_v41(config)
+    assert flat["pad_token_id"] == 2 and flat["expert_dtype"] == "fp8" and flat["vision_n_layers"] == 0
