@@ -150,8 +150,8 @@ class HubSource(PackSource):
 
     def _resolve(self) -> None:
         meta = self._head("config.json")
-        self._list(self.revision)
         if meta is None:  # no config.json: take the commit from another file (pack.config says it is missing)
+            self._list(self.revision)
             others = [n for n in ("model.safetensors.index.json", *self._shard_names()) if n in self.files]
             meta = self._head(others[0]) if others else None
         commit = getattr(meta, "commit_hash", None)
@@ -160,11 +160,9 @@ class HubSource(PackSource):
                 f"the server does not answer as a Hugging Face Hub endpoint (no commit in X-Repo-Commit: {commit!r})",
                 "point HF_ENDPOINT at a Hub or a mirror of it",
             )
-        if commit is not None and commit != self.revision:
-            self.commit = commit
+        self.commit = commit
+        if commit is not None:
             self._list(commit)  # the listing of the very commit judged
-        else:
-            self.commit = commit
 
     def _list(self, revision: str | None) -> None:
         api = self._hub.HfApi(endpoint=self.endpoint, token=self.token)
