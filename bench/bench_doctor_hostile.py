@@ -12,6 +12,10 @@ would count the parent's memory too, since the child is forked from it) and
 its wall time. Targets: every case well under 200 MB and a few seconds; exit 1 or 2,
 never an internal error.
 
+``--hub`` runs every case from a stand-in Hub on loopback instead (tests/doctor/hub_server.py, in a process of
+its own: ``--pack hf://OWNER/NAME``), with the cases only the Hub has: a server that ignores Range, a 404 shard,
+an answer cut short, a header length past the file, a header past the Hub client's 25 MB limit.
+
 ``--code CHECKOUT`` runs the doctor of another checkout (e.g. a ``git worktree``
 of an older commit) on the same files, for before/after figures; a case that
 runs past ``--timeout`` is reported as such.
@@ -172,6 +176,16 @@ def deep_config(pack: Path) -> None:
     (pack / "config.json").write_text(text)
 
 
+def header_past_the_file(pack: Path) -> None:
+    first = min(pack.glob("*.safetensors"))
+    with open(first, "r+b") as fh:
+        fh.write(struct.pack("<Q", first.stat().st_size))
+
+
+def header_past_the_hub_limit(pack: Path) -> None:
+    _shard(pack / "model-00001-of-00001.safetensors", b"{" + b" " * (30 * MB - 2) + b"}", 0)
+
+
 CASES = {
     "15 MB header: the full pack in one shard": (single_file, ()),
     "99 MB header: empty lists in an ignored field": (empty_arrays_in_a_field, ()),
@@ -190,6 +204,29 @@ CASES = {
     "2 MB config.json of 600,000 {}": (objects_config, ()),
     "config.json nested 700 deep, --fix-config": (deep_config, ("--fix-config",)),
 }
+# Cases only a server can make: (what builds the pack, the stand-in's switches).
+HUB_CASES = {
+    "Hub: a server that ignores Range": (None, ("ignore_range",)),
+    "Hub: a 404 shard": (None, ("missing=#2",)),  # the pack's second shard
+    "Hub: an answer cut short": (None, ("truncate=#3",)),
+    "Hub: a header length past the file": (header_past_the_file, ()),
+    "Hub: a 30 MB header, past the Hub limit": (header_past_the_hub_limit, ()),
+}
+HUB_REPO = "bench/hostile-pack"
+HUB_SERVER = """
+import sys
+from pathlib import Path
+from tests.doctor.hub_server import serving
+with serving({sys.argv[1]: Path(sys.argv[2])}) as hub:
+    for switch in sys.argv[3:]:
+        name, _, value = switch.partition("=")
+        if value:
+            getattr(hub, name).add(value)
+        else:
+            setattr(hub, name, True)
+    print(hub.endpoint, flush=True)
+    sys.stdin.read()
+"""
 BUILD = """
 import sys
 from pathlib import Path
@@ -277,11 +314,19 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds before a case is given up")
     parser.add_argument("--code", type=Path, help="run the doctor of this checkout instead")
     parser.add_argument("--version", default="0.30.0", help="the vLLM release tree doctor runs on")
+    parser.add_argument("--hub", action="store_true", help="read each pack from a stand-in Hub (hf://)")
     parser.add_argument("--build", nargs=2, metavar=("CASE", "PACK"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.build:
         sys.path.insert(0, str(ROOT))
         name, pack = args.build[0], Path(args.build[1])
+        if name in HUB_CASES:
+            if HUB_CASES[name][0] is not None:
+                if "past the Hub" in name:
+                    for shard in pack.glob("*.safetensors"):
+                        shard.unlink()
+                HUB_CASES[name][0](pack)
+            return
         if "config" not in name:
             for shard in pack.glob("*.safetensors"):
                 shard.unlink()  # a header case brings the shards it needs
@@ -298,14 +343,29 @@ def main() -> None:
             env["PYTHONPATH"] = _code_path(args.code.resolve(), work)
         print(f"doctor of {args.code or ROOT} on vLLM {args.version}; peak RSS and wall time of each run")
         print(f"{'case':46} {'peak RSS':>10} {'wall':>9}  exit  what it said")
-        for name, (_, extra) in CASES.items():
+        cases = {**CASES, **HUB_CASES} if args.hub else CASES
+        for name, (_, extra) in cases.items():
             if args.only and not any(word in name for word in args.only):
                 continue
+            switches = extra if name in HUB_CASES else ()
+            extra = () if name in HUB_CASES else extra
             pack = work / "pack"
             shutil.rmtree(pack, ignore_errors=True)
             # Built in other processes: a child inherits its parent's peak RSS across fork, so this one stays small.
             subprocess.run([sys.executable, "-c", BUILD, str(pack)], cwd=ROOT, check=True)
             subprocess.run([sys.executable, __file__, "--build", name, str(pack)], cwd=ROOT, check=True)
+            server = None
+            shards = sorted(p.name for p in pack.glob("*.safetensors"))
+            switches = [w.split("=")[0] + "=" + shards[int(w.split("#")[1]) - 1] if "#" in w else w for w in switches]
+            if args.hub:
+                server = subprocess.Popen(
+                    [sys.executable, "-c", HUB_SERVER, HUB_REPO, str(pack), *switches],
+                    cwd=ROOT,
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                )
+                endpoint = server.stdout.readline().decode().strip()
+                env = {**env, "HF_ENDPOINT": endpoint, "HF_HOME": str(work / "hf-home"), "NO_PROXY": "127.0.0.1"}
             command = [
                 sys.executable,
                 "-c",
@@ -314,13 +374,18 @@ def main() -> None:
                 "--site-packages",
                 str(tree),
                 "--pack",
-                str(pack),
+                f"hf://{HUB_REPO}" if args.hub else str(pack),
                 "--serve-args",
                 "--max-model-len 65536",
                 "--json",
                 *extra,
             ]
-            wall, rss, code, stdout, stderr = _run(command, env, args.timeout)
+            try:
+                wall, rss, code, stdout, stderr = _run(command, env, args.timeout)
+            finally:
+                if server is not None:
+                    server.stdin.close()
+                    server.wait(timeout=30)
             if code is None:
                 print(f"{name:46} {rss:7.1f} MB {f'> {args.timeout:.0f}':>7} s  killed past the timeout")
             else:

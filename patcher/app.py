@@ -299,8 +299,12 @@ def revert(
 def doctor(
     site_packages: Path | None = SitePackages,
     python: str | None = Python,
-    pack: Path | None = typer.Option(
-        None, "--pack", metavar="DIR", help="The pack directory (config.json and the shards)."
+    pack: str | None = typer.Option(
+        None,
+        "--pack",
+        metavar="DIR|hf://OWNER/NAME[@REV]",
+        help="The pack directory (config.json and the shards), or a pack on the Hub, read there: config.json, "
+        "the index and each shard's header, with HTTP range requests (needs patch-dsv4[hub]).",
     ),
     serve_args: str | None = typer.Option(
         None,

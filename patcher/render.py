@@ -467,6 +467,12 @@ def render_doctor(report, fmt: str, verbosity: int = 0) -> None:
     if fixed is not None:
         if fixed.refused:
             sys.stderr.write(f"patch-dsv4: --fix-config wrote nothing: {fixed.refused}\n")
+        elif fixed.diff and not getattr(fixed, "written", True):
+            sys.stdout.write(fixed.diff)
+            sys.stderr.write(
+                f"patch-dsv4: --fix-config wrote nothing: {report.pack} is on the Hub; make these edits in the "
+                "downloaded pack (or run doctor --fix-config on its directory)\n"
+            )
         elif fixed.diff:
             sys.stdout.write(fixed.diff)
             sys.stderr.write(f"patch-dsv4: wrote {fixed.config}; the original is kept as {fixed.backup}\n")

@@ -162,12 +162,19 @@ class _Failed:
 class DoctorContext:
     """Everything the checks may read. Caches live here so that each file is read once."""
 
-    pack: Path | None = None
+    pack: Path | None = None  # as the user named it: a directory, or a hub.HubSource for hf://OWNER/NAME
     runtime: Runtime | None = None
     environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
     serve_args: tuple[str, ...] = ()
     proc_root: Path = Path("/proc")  # tests point this at a fake /proc
+    source: object | None = None  # the source.PackSource every pack read goes through (set from ``pack``)
     _cache: dict = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.source is None and self.pack is not None:
+            from .source import LocalSource, PackSource
+
+            self.source = self.pack if isinstance(self.pack, PackSource) else LocalSource(self.pack)
 
     @classmethod
     def from_serve_args(cls, text: str | None, **kwargs) -> DoctorContext:
@@ -215,10 +222,10 @@ class DoctorContext:
         """The pack's config.json as a dict, as written; raises PackUnreadable (cached either way)."""
 
         def load():
-            assert self.pack is not None
-            path = self.pack / "config.json"
+            assert self.source is not None
+            path = self.source.where("config.json")
             try:
-                raw = read_regular_file(path, CONFIG_LIMIT)
+                raw = self.source.read_file("config.json", CONFIG_LIMIT)
             except FileNotFoundError:
                 return PackUnreadable(f"{path} not found")
             except OSError as exc:

@@ -6,7 +6,7 @@ quant.layer-bits (the declared K per layer against the trellis widths), experts.
 
 from __future__ import annotations
 
-from .base import FAIL, PASS, DoctorContext, Row, check
+from .base import FAIL, PASS, SKIP, DoctorContext, Row, check
 from .pack import (
     declared_bits,
     declared_layer_bits,
@@ -65,6 +65,13 @@ def check_markers(ctx: DoctorContext) -> Row:
             f"{scan.bad_marker_count} of {scan.markers_checked} markers are wrong; first: {scan.first_bad_marker}.",
             f"{scan.first_bad_marker}: the pack's packed ABI does not match vllm-exl3 (the load would fail "
             "after reading every shard); re-download or re-quantize the tensors with wrong markers.",
+        )
+    if scan.markers_unread:
+        return Row(
+            "experts.markers",
+            SKIP,
+            f"{scan.markers_unread} EXL3 markers are in the shards' data, which doctor does not read from the "
+            f"Hub (headers only); run doctor on the downloaded pack to check them.",
         )
     if not scan.markers_checked:
         return Row("experts.markers", PASS, "the pack has no EXL3 marker tensors to read.")

@@ -12,8 +12,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from .base import FAIL, INFO, PASS, SKIP, WARN, DoctorContext, Row, check, clip, json_cost, read_regular_file
-from .pack import INDEX_LIMIT, INDEX_MEMORY, INDEX_NAME, pack_scan
+from .base import FAIL, INFO, PASS, SKIP, WARN, DoctorContext, Row, check, clip, read_regular_file
+from .pack import INDEX_NAME, pack_index, pack_scan
 from .runtime import module_assignment, parse_python, target_option, vllm_file
 from .serving_env import (
     dense_exl3_modules,
@@ -245,11 +245,7 @@ def wo_a_slices(ctx: DoctorContext) -> str | None:
         found = sorted(m for m in scan.dense if WO_A_SLICE in f"{m}.")
         if found:
             return f"the shards hold {found[0]}.*"
-        try:
-            raw = read_regular_file(ctx.pack / INDEX_NAME, INDEX_LIMIT)
-            weight_map = json.loads(raw).get("weight_map") if json_cost(raw) <= INDEX_MEMORY else None
-        except (OSError, ValueError, AttributeError, RecursionError):
-            return None
+        weight_map = pack_index(ctx).weight_map
         names = (
             sorted(n for n in weight_map if isinstance(n, str) and WO_A_SLICE in n)
             if isinstance(weight_map, dict)

@@ -51,10 +51,11 @@ BACKUP_SUFFIX = ".bak"  # the name the recipe's fixer uses, so either tool finds
 class FixResult:
     """What ``fix_config`` did: ``diff`` is empty when nothing changed; ``refused`` says why nothing was tried."""
 
-    config: Path
+    config: Path | str  # a str names config.json of a pack on the Hub
     diff: str = ""
     backup: Path | None = None
     refused: str | None = None
+    written: bool = True  # False: the edits are shown, not written (a pack on the Hub)
 
     @property
     def changed(self) -> bool:
@@ -169,3 +170,38 @@ def fix_config(pack: Path, checks: DoctorContext | None = None) -> FixResult:
         )
     )
     return FixResult(config, diff=diff, backup=backup)
+
+
+def planned_fix(ctx: DoctorContext) -> FixResult:
+    """The config.json edits the failing pack rows ask for, as a diff, for a pack doctor does not write (one on
+    the Hub, read through ``ctx.source``): what ``fix_config`` would write there, nothing written.
+
+    The edits are those ``fix_config`` writes: ``v41_config_edits`` for a V4.1 pack, else ``planned_config``."""
+    source = ctx.source
+    label = source.where("config.json")
+    refusal = fixer_refusal(ctx)
+    if refusal:
+        return FixResult(label, refused=refusal, written=False)
+    try:
+        text = source.read_file("config.json", CONFIG_LIMIT).decode("utf-8")
+    except OSError as exc:
+        return FixResult(label, refused=f"{label} cannot be read ({exc.strerror or exc})", written=False)
+    except UnicodeDecodeError:
+        return FixResult(label, refused=f"{label} is not UTF-8 text", written=False)
+    cfg = ctx.raw_config()  # as written: a V4.1 config stays nested
+    if ctx.pack_family() == V41:
+        new = apply_edits(cfg, v41_config_edits(ctx))
+    else:
+        new = planned_config(cfg, pack_scan(ctx))
+    if new == cfg:
+        return FixResult(label, written=False)
+    new_text = _dumps_like(text, new)
+    diff = "".join(
+        difflib.unified_diff(
+            text.splitlines(keepends=True),
+            new_text.splitlines(keepends=True),
+            fromfile=f"{label} (as the Hub holds it)",
+            tofile=f"{label} (as --fix-config would write it)",
+        )
+    )
+    return FixResult(label, diff=diff, written=False)

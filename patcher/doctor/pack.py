@@ -24,6 +24,7 @@ from .base import (
     PackUnreadable,
     Row,
     clip,
+    json_cost,
 )
 from .safetensors import Budget, Shard, ShardError
 from .v41_scan import V41Summary
@@ -120,6 +121,7 @@ class PackScan:
     widths: dict[tuple[str, int], dict[int, str]] = field(default_factory=lambda: defaultdict(dict))
     routed_marker_suffixes: Counter = field(default_factory=Counter)
     markers_checked: int = 0
+    markers_unread: int = 0  # markers of a pack whose data is not read (on the Hub: headers only)
     first_bad_marker: str | None = None
     bad_marker_count: int = 0
     mtp_blocks: set[int] = field(default_factory=set)
@@ -130,25 +132,39 @@ class PackScan:
     # "layers.N.attn.wq_a" -> part ("weight", "scale", "trellis", ...) -> (dtype, shape)
     dense: dict[str, dict[str, tuple[str, list]]] = field(default_factory=lambda: defaultdict(dict))
     v41: V41Summary = field(default_factory=V41Summary)  # what the DeepSeek-V4.1 rows read
+    _pending: list = field(default_factory=list, repr=False)  # markers of the shard being read, to check
 
     def _marker(self, shard: Shard, name: str, entry: dict, suffix: str) -> None:
+        """Queue one marker of ``shard`` (read in one batch by ``_read_markers``, at the end of the shard)."""
+        if not shard.reads_data:
+            self.markers_unread += 1
+            return
         self.markers_checked += 1
         start, end = entry["data_offsets"]
-        expected = MARKER_VALUES[suffix]
-        if end - start != 4:
-            problem = f"{name} is {end - start} bytes, not one int32"
-        else:
-            try:
-                value = shard.read_i32(name)
-            except ShardError as exc:
-                problem = str(exc)
+        self._pending.append((name, start, suffix, None if end - start == 4 else end - start))
+
+    def _read_markers(self, shard: Shard) -> None:
+        """Check the queued markers, their bytes read a window at a time (thousands per shard, packed together)."""
+        pending, self._pending = self._pending, []
+        values = shard.read_i32s([start for _, start, _, size in pending if size is None])
+        found = iter(values)
+        for name, start, suffix, size in pending:
+            expected = MARKER_VALUES[suffix]
+            if size is not None:
+                problem = f"{name} is {size} bytes, not one int32"
             else:
+                value = next(found)
                 if value == expected:
-                    return
-                problem = f"{name} holds {value}, not the {suffix.upper()} marker {expected}"
-        self.bad_marker_count += 1
-        if self.first_bad_marker is None:
-            self.first_bad_marker = problem
+                    continue
+                if value is None:
+                    problem = str(
+                        ShardError(shard.path, f"tensor {name!r} cannot be read at byte {8 + shard.header_len + start}")
+                    )
+                else:
+                    problem = f"{name} holds {value}, not the {suffix.upper()} marker {expected}"
+            self.bad_marker_count += 1
+            if self.first_bad_marker is None:
+                self.first_bad_marker = problem
 
     def add_shard(self, shard: Shard) -> None:
         # One loop over ~2,900 names per shard (138k in the pack): the routed-expert names, nearly all
@@ -194,6 +210,8 @@ class PackScan:
                         widths[(head, layer)].setdefault(shape[-1], name)
                     continue
             self._add_other(shard, name, entry, parts)
+        if self._pending:
+            self._read_markers(shard)
 
     def _add_other(self, shard: Shard, name: str, entry: dict, parts: list[str]) -> None:
         """Every name but a routed expert's: MTP blocks, gates, dense linears, the vision tower, stray markers."""
@@ -267,19 +285,17 @@ class PackScan:
         return sorted(m for m, parts in self.dense.items() if "trellis" in parts)
 
 
-def scan_pack(pack: Path) -> PackScan:
+def scan_source(source) -> PackScan:
+    """Every shard header of ``source`` (a source.PackSource), read once and summarised."""
     scan = PackScan()
     try:
-        scan.files = sorted((p for p in pack.iterdir() if p.name.endswith(".safetensors")), key=lambda p: p.name)
+        scan.files = source.shard_files()
     except OSError as exc:
-        scan.listing_error = f"{pack} cannot be listed ({exc.strerror or exc})"
+        scan.listing_error = f"{source.label} cannot be listed ({exc.strerror or exc})"
         return scan
     budget = Budget()
     for path in scan.files:
-        try:
-            scan.safetensors_bytes += path.stat().st_size
-        except OSError:
-            pass  # reported by pack.shards when the file is opened
+        scan.safetensors_bytes += source.file_size(path) or 0
         if scan.size() > MAX_SUMMARY:
             scan.problems.append(
                 ShardError(
@@ -290,7 +306,7 @@ def scan_pack(pack: Path) -> PackScan:
             )
             continue
         try:
-            with Shard(path, budget) as shard:
+            with source.open_shard(path, budget) as shard:
                 if shard.size_error:
                     scan.problems.append(shard.size_error)
                 scan.tensor_counts[path.name] = len(shard.tensors)
@@ -300,10 +316,57 @@ def scan_pack(pack: Path) -> PackScan:
     return scan
 
 
+def scan_pack(pack: Path) -> PackScan:
+    """The header summary of the pack in directory ``pack``."""
+    from .source import LocalSource
+
+    return scan_source(LocalSource(pack))
+
+
 def pack_scan(ctx: DoctorContext) -> PackScan:
     """The pack's header summary, read once per run."""
-    assert ctx.pack is not None
-    return ctx.cached("pack.scan", lambda: scan_pack(ctx.pack))
+    source = ctx.source
+    assert source is not None
+    if source.local is not None:
+        return ctx.cached("pack.scan", lambda: scan_pack(source.local))
+    return ctx.cached("pack.scan", lambda: scan_source(source))
+
+
+@dataclass(frozen=True)
+class PackIndex:
+    """``model.safetensors.index.json`` as read: ``weight_map`` (tensor name -> file) when it is valid;
+    ``absent`` when the pack has none; ``error`` says why it cannot be used (one sentence, no period)."""
+
+    weight_map: dict | None = None
+    absent: bool = False
+    error: str | None = None
+
+
+def pack_index(ctx: DoctorContext) -> PackIndex:
+    """The pack's index, read once per run (through the pack's source: a directory or the Hub)."""
+
+    def read() -> PackIndex:
+        assert ctx.source is not None
+        try:
+            raw = ctx.source.read_file(INDEX_NAME, INDEX_LIMIT)
+        except FileNotFoundError:
+            return PackIndex(absent=True)
+        except OSError as exc:
+            return PackIndex(error=f"{INDEX_NAME} cannot be read ({exc.strerror or exc})")
+        if json_cost(raw) > INDEX_MEMORY:
+            return PackIndex(
+                error=f"{INDEX_NAME} holds more JSON values than doctor reads ({len(raw):,} bytes, mostly "
+                "separators and brackets)"
+            )
+        try:
+            weight_map = json.loads(raw).get("weight_map")
+        except (ValueError, AttributeError, RecursionError):
+            weight_map = None
+        if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
+            return PackIndex(error=f"{INDEX_NAME} has no valid weight_map (name -> file)")
+        return PackIndex(weight_map=weight_map)
+
+    return ctx.cached("pack.index", read)
 
 
 # --------------------------------------------------------------------------- config helpers

@@ -34,10 +34,12 @@ PACK_CHECK_MODULES = (
     "model",  # config.topk-method, config.hash-layers, config.vision, config.spec-k
 )
 CHECK_MODULES = (
+    "source",  # pack.source: for a pack on the Hub only, the commit judged and the bytes read
     *PACK_CHECK_MODULES,
     "runtime",  # rt.*: the serving interpreter's packages (vLLM, FlashInfer, exllamav3, the plugin, torch)
     "v41_serving",  # v41.*: DSpark, EP filter, topology, indexer top-k, streams, FlashInfer (V4.1 only)
     "v41_engram",  # v41.engram-capacity: the Engram tables against the host (V4.1 only)
+    "overlay",  # rt.overlay-imports: files of vLLM overlaid from another vLLM, and the names they lack
     "environ",  # env.*: environment variables and serve flags against this vLLM and pack
     "host",  # host.*: the GPUs, memory, page cache, the pack's size
 )
@@ -126,6 +128,7 @@ class DoctorReport:
                 "diff": self.fixed.diff,
                 "backup": None if self.fixed.backup is None else str(self.fixed.backup),
                 "refused": self.fixed.refused,
+                "written": self.fixed.written,
             },
             "summary": self.summary,
         }
@@ -177,20 +180,31 @@ def runtime_for(env: Environment) -> Runtime:
     )
 
 
-def doctor(env: Environment, pack: Path | None, serve_args: str | None, fix_config: bool = False) -> DoctorReport:
+def doctor(env: Environment, pack: str | Path | None, serve_args: str | None, fix_config: bool = False) -> DoctorReport:
     """Every check on ``env``, ``pack``, ``os.environ`` and the intended ``vllm serve`` arguments.
 
+    ``pack`` is a directory, or ``hf://OWNER/NAME[@REVISION]`` for a pack on the Hub
+    (read there, never downloaded: source.py, hub.py).
     With ``fix_config``, the config edits the pack rows ask for are written first
-    (a backup of the original kept in the pack), and the checks see the result.
+    (a backup of the original kept in the pack), and the checks see the result;
+    for a pack on the Hub they are printed, not written.
     """
-    if pack is not None:
+    from .source import is_hub_pack, open_source
+
+    source = None
+    if isinstance(pack, str) and is_hub_pack(pack):
+        source = open_source(pack)  # the revision resolved, the files listed; EnvironmentProblem when it cannot be
+    elif pack is not None:
+        pack = Path(pack)
         try:
             is_dir = pack.is_dir()
         except OSError as exc:
             raise EnvironmentProblem(f"cannot use --pack {pack}", exc.strerror or str(exc)) from None
         if not is_dir:
             raise EnvironmentProblem(
-                f"no pack directory at {pack}", "", "pass --pack the directory holding config.json"
+                f"no pack directory at {pack}",
+                "",
+                "pass --pack the directory holding config.json, or hf://OWNER/NAME for a pack on the Hub",
             )
     try:
         args = tuple(shlex.split(serve_args or ""))
@@ -201,14 +215,34 @@ def doctor(env: Environment, pack: Path | None, serve_args: str | None, fix_conf
     fixed = None
     if fix_config and pack is None:
         raise EnvironmentProblem("--fix-config needs --pack DIR", "", "patch-dsv4 doctor --pack DIR --fix-config")
-    ctx = DoctorContext(pack=pack, runtime=runtime_for(env), environ=dict(os.environ), serve_args=args)
+    ctx = DoctorContext(
+        pack=source if source is not None else pack, runtime=runtime_for(env), environ=dict(os.environ), serve_args=args
+    )
+    if source is not None:
+        _read_hub_pack(ctx)
     if fix_config:
         from .fix_config import fix_config as write_fixes
+        from .fix_config import planned_fix
 
-        fixed = write_fixes(pack, ctx)  # scans the headers in ctx, where the rows then find the scan
+        # scans the headers in ctx, where the rows then find the scan; a pack on the Hub: the edits, printed
+        fixed = planned_fix(ctx) if source is not None else write_fixes(pack, ctx)
     _register_checks()
     rows = tuple(run_checks(ctx))
-    return DoctorReport(str(env.site_packages), env.vllm_version, str(pack) if pack else None, rows, fixed)
+    return DoctorReport(str(env.site_packages), env.vllm_version, str(ctx.pack) if pack else None, rows, fixed)
+
+
+def _read_hub_pack(ctx: DoctorContext) -> None:
+    """Read a Hub pack's config.json, index and headers before any row, so that a server doctor cannot read as
+    it must (one that ignores Range, a read past doctor's budget) stops the run with one line (hub.HubStop)."""
+    from .base import PackUnreadable
+    from .pack import pack_index, pack_scan
+
+    try:
+        ctx.config()
+    except PackUnreadable:
+        pass  # pack.config reports it
+    pack_index(ctx)
+    pack_scan(ctx)
 
 
 def doctor_command(site_packages, python, pack, serve_args, fix_config: bool, fmt: str, verbosity: int) -> int:
@@ -217,6 +251,6 @@ def doctor_command(site_packages, python, pack, serve_args, fix_config: bool, fm
     from patch_dsv4.render import render_doctor
 
     env = locate_vllm(None if site_packages is None else Path(site_packages), python)
-    report = doctor(env, None if pack is None else Path(pack), serve_args, fix_config)
+    report = doctor(env, None if pack is None else str(pack), serve_args, fix_config)
     render_doctor(report, fmt, verbosity)
     return report.exit_code

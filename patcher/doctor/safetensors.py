@@ -92,6 +92,7 @@ MAX_NAME_BYTES = 4096  # one tensor name
 MAX_NUMBER_LEN = 1024  # one JSON number, in characters
 FAST_HEADER_LEN = 16 << 20  # headers up to this size may take json.loads
 CHUNK = 1 << 20  # the exact reader reads this much at a time
+MARKER_WINDOW = 64 << 10  # markers within this span of each other are read together
 ENTRY_COST = 640  # estimated bytes of one tensor entry as json.loads builds it, besides its name and dims
 
 
@@ -777,6 +778,8 @@ class Shard:
     ``budget`` is the pack's (a fresh one when omitted).
     """
 
+    reads_data = True  # single tensor values (read_i32) can be read; a Hub shard reads its header only
+
     def __init__(self, path: Path, budget: Budget | None = None):
         self.path = path
         self.budget = Budget() if budget is None else budget
@@ -865,6 +868,26 @@ class Shard:
             )
         self.header_len = header_len
         self.tensors = tensors
+
+    def read_i32s(self, starts: list[int]) -> list[int | None]:
+        """The int32 at each data offset of ``starts`` (a tensor's ``data_offsets[0]``), None where the file ends
+        first: read a window of up to MARKER_WINDOW bytes at a time, so thousands of markers packed together cost
+        a few reads."""
+        base = 8 + self.header_len
+        values: dict[int, int | None] = {}
+        order = sorted(set(starts))
+        i = 0
+        while i < len(order):
+            first = order[i]
+            j = i
+            while j + 1 < len(order) and order[j + 1] + 4 - first <= MARKER_WINDOW:
+                j += 1
+            data = self._pread(order[j] + 4 - first, base + first)
+            for start in order[i : j + 1]:
+                at = start - first
+                values[start] = struct.unpack_from("<i", data, at)[0] if at + 4 <= len(data) else None
+            i = j + 1
+        return [values[start] for start in starts]
 
     def read_i32(self, name: str) -> int:
         """The int32 stored at the start of tensor ``name`` (4 bytes read, nothing else)."""

@@ -454,10 +454,12 @@ def vision_pack(ctx: DoctorContext) -> bool:
 
 def pack_bytes(ctx: DoctorContext) -> int:
     """The size of the pack's ``*.safetensors`` files (links followed, dangling ones left out)."""
-    assert ctx.pack is not None
+    assert ctx.source is not None
+    if ctx.source.local is None:  # on the Hub: the sizes its listing gives
+        return sum(ctx.source.file_size(f) or 0 for f in ctx.source.shard_files())
     total = 0
     try:
-        shards = list(ctx.pack.glob("*.safetensors"))
+        shards = list(ctx.source.local.glob("*.safetensors"))
     except OSError:
         return 0
     for shard in shards:

@@ -6,15 +6,14 @@ pack.shards, pack.index, pack.symlinks.
 from __future__ import annotations
 
 import errno
-import json
 import os
 import re
 import shlex
 from collections import defaultdict
 from pathlib import Path
 
-from .base import FAIL, PASS, SKIP, WARN, DoctorContext, Row, check, json_cost, read_regular_file
-from .pack import INDEX_LIMIT, INDEX_MEMORY, INDEX_NAME, first_of, pack_scan
+from .base import FAIL, PASS, SKIP, WARN, DoctorContext, Row, check
+from .pack import INDEX_NAME, first_of, pack_index, pack_scan
 
 NUMBERED_SHARD = re.compile(r"model-([0-9]{1,9})-of-([0-9]{1,9})\.safetensors$")
 LEFTOVER_SUFFIXES = (".incomplete", ".part")
@@ -66,8 +65,9 @@ def check_shards(ctx: DoctorContext) -> Row:
     equal to the file size; a truncated shard fails mid-load (R README.md:38; L mtp_overlay.py
     read_header/validate_header)."""
     scan = pack_scan(ctx)
+    source = ctx.source
     pack = shlex.quote(str(ctx.pack))
-    redownload = f"hf download <repo-id> --local-dir {pack}"
+    redownload = source.redownload()
     if scan.listing_error:
         return Row(
             "pack.shards", FAIL, scan.listing_error + ".", f"Check the --pack path and its permissions ({pack})."
@@ -80,10 +80,12 @@ def check_shards(ctx: DoctorContext) -> Row:
             f"Point --pack at the directory that holds the shards, or download them: {redownload}.",
         )
     gaps, gap_count = _numbering_gaps(scan.files)
-    leftovers = _leftovers(ctx.pack)
+    leftovers = _leftovers(source.local) if source.local is not None else []
     if scan.problems:
         first = scan.problems[0]
-        if first.expected_size is not None:
+        if source.remote:
+            fix = source.shard_fix(first)
+        elif first.expected_size is not None:
             fix = (
                 f"shard {first.path.name} is incomplete (expected {first.expected_size} bytes, found "
                 f"{first.found_size}); resume the download: {redownload}."
@@ -120,37 +122,22 @@ def check_index(ctx: DoctorContext) -> Row:
     """FAIL if ``model.safetensors.index.json`` leaves out a ``*.safetensors`` on disk that holds tensors
     (vLLM silently skips it) or names a file that is not there (FileNotFoundError) (V0.28.0
     model_loader/weight_utils.py:573-598; P README.md "Native ExLlamaV3 packs")."""
-    pack = ctx.pack
+    source = ctx.source
     scan = pack_scan(ctx)
     if scan.listing_error:
         return Row("pack.index", SKIP, scan.listing_error + " (see pack.shards).")
-    path = pack / INDEX_NAME
     regenerate = "Regenerate the index from the files on disk (or delete it: the vcruz305 pack ships none)."
-    try:
-        raw = read_regular_file(path, INDEX_LIMIT)
-    except FileNotFoundError:
+    index = pack_index(ctx)
+    if index.absent:
         return Row("pack.index", PASS, f"no {INDEX_NAME}: vLLM loads every *.safetensors in the pack.")
-    except OSError as exc:
-        return Row("pack.index", FAIL, f"{INDEX_NAME} cannot be read ({exc.strerror or exc}).", regenerate)
-    if json_cost(raw) > INDEX_MEMORY:
-        return Row(
-            "pack.index",
-            FAIL,
-            f"{INDEX_NAME} holds more JSON values than doctor reads ({len(raw):,} bytes, mostly separators "
-            "and brackets).",
-            regenerate,
-        )
-    try:
-        weight_map = json.loads(raw).get("weight_map")
-    except (ValueError, AttributeError, RecursionError):
-        weight_map = None
-    if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
-        return Row("pack.index", FAIL, f"{INDEX_NAME} has no valid weight_map (name -> file).", regenerate)
+    if index.error:
+        return Row("pack.index", FAIL, index.error + ".", regenerate)
+    weight_map = index.weight_map
     listed = set(weight_map.values())
     on_disk = {p.name for p in scan.files}
     # vLLM skipping a shard that holds no tensor loses nothing.
     unlisted = sorted(name for name in on_disk - listed if scan.tensor_counts.get(name, 1))
-    absent = sorted(name for name in listed if not (pack / name).is_file())
+    absent = sorted(name for name in listed if not source.has_file(name))
     if unlisted:
         return Row(
             "pack.index",
@@ -182,7 +169,9 @@ def _is_hub_cache_blob(pack: Path, target: str) -> bool:
 def check_symlinks(ctx: DoctorContext) -> Row:
     """FAIL on a dangling or looping symlink; WARN on a symlink out of the pack, since a derived pack
     then breaks when its source is deleted (L docs/LNA-CANON.md, Lessons; mtp_overlay.py link_source_files)."""
-    pack = ctx.pack
+    pack = ctx.source.local
+    if pack is None:
+        return Row("pack.symlinks", SKIP, f"{ctx.pack} is on the Hub: it has no links on this disk.")
     try:
         entries = sorted(pack.iterdir(), key=lambda p: p.name)
     except OSError as exc:

@@ -7,6 +7,7 @@ import shutil
 
 import pytest
 
+import patch_dsv4.doctor.overlay  # noqa: F401  (registers rt.overlay-imports)
 import patch_dsv4.doctor.runtime  # noqa: F401  (registers the rt.* checks)
 from tests.doctor.fake_runtime import (
     DEPLOYMENTS,
@@ -43,6 +44,7 @@ def test_healthy_deployment_has_no_failing_runtime_row(tmp_path, name):
         "rt.plugin-features",
         "rt.plugin-native",
         "rt.torch",
+        "rt.overlay-imports",
     }
 
 

@@ -1,0 +1,195 @@
+"""doctor on a full-size DeepSeek-V4.1 pack: on disk, from a stand-in Hub, and the overlay check on a real tree.
+
+    python bench/bench_doctor_hub.py [--repeat 5] [--tree SITE --overlay-file FILE | --skip-overlay]
+
+Builds the full-size synthetic V4.1-Flash routed-only pack (tests/doctor/synthetic_v41.py: 48 shards, ~188k
+tensors, real headers, sparse data) in a temporary directory, then, each run in a fresh interpreter:
+
+1. every pack check on the pack on disk: wall time of the process, CPU time, peak RSS (targets: < 1 s, < 200 MB);
+2. the same checks on ``hf://OWNER/NAME`` served by the stand-in Hub (tests/doctor/hub_server.py, in a process
+   of its own on 127.0.0.1): time, peak RSS, and the bytes doctor read against the bound of the issue, twice
+   the headers' bytes plus the JSON files;
+3. rt.overlay-imports on a copy of the real vLLM 0.34.0 tree, pristine and with 0.30.0's
+   model_executor/model_loader/weight_utils.py laid over it (from the test cache: tests/releases.py; or, where
+   that cache is absent, ``--tree`` a scratch vLLM 0.34.0 site-packages, whose weight_utils.py this overwrites,
+   and ``--overlay-file`` 0.30.0's weight_utils.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+REPO = "vcruz305/DeepSeek-V4.1-Flash-EXL3"
+BUILD = """
+import sys
+from pathlib import Path
+from tests.doctor.synthetic_v41 import FLASH, build_v41_pack
+build_v41_pack(Path(sys.argv[1]), FLASH)
+"""
+LOCAL = """
+import json, resource, sys, time
+start, cpu = time.perf_counter(), time.process_time()
+from pathlib import Path
+from patch_dsv4.doctor.base import DoctorContext, run_checks
+from patch_dsv4.doctor.run import pack_checks
+rows = run_checks(DoctorContext(pack=Path(sys.argv[1])), pack_checks())
+print(json.dumps({
+    "seconds": time.perf_counter() - start, "cpu": time.process_time() - cpu,
+    "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    "rows": len(rows), "fails": [r.id for r in rows if r.status == "fail"],
+}))
+"""
+HUB = """
+import json, resource, sys, time
+start, cpu = time.perf_counter(), time.process_time()
+from patch_dsv4.doctor.base import CHECKS, DoctorContext, run_checks
+from patch_dsv4.doctor.run import _read_hub_pack, _register_checks, pack_checks
+from patch_dsv4.doctor.source import open_source
+ctx = DoctorContext(pack=open_source(sys.argv[1]))
+_read_hub_pack(ctx)
+_register_checks()
+rows = run_checks(ctx, [s for s in CHECKS if s.id == "pack.source"] + pack_checks())
+source = ctx.source
+print(json.dumps({
+    "seconds": time.perf_counter() - start, "cpu": time.process_time() - cpu,
+    "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    "bytes_read": source.bytes_read, "header_bytes": source.header_bytes, "requests": source.requests,
+    "rows": len(rows), "fails": [r.id for r in rows if r.status == "fail"], "source": rows[0].detail,
+}))
+"""
+SERVER = """
+import sys
+from pathlib import Path
+from tests.doctor.hub_server import serving
+with serving({sys.argv[1]: Path(sys.argv[2])}) as hub:
+    print(hub.endpoint, flush=True)
+    sys.stdin.read()
+"""
+OVERLAY = """
+import json, sys, time
+start = time.perf_counter()
+from pathlib import Path
+from patch_dsv4.doctor.base import DoctorContext, Runtime
+from patch_dsv4.doctor.overlay import check_overlay_imports
+tree = Path(sys.argv[1])
+row = check_overlay_imports(DoctorContext(runtime=Runtime(site_dirs=(tree,), vllm_root=tree, vllm_version="0.34.0")))
+print(json.dumps({"seconds": time.perf_counter() - start, "status": row.status, "detail": row.detail}))
+"""
+WEIGHT_UTILS = "vllm/model_executor/model_loader/weight_utils.py"
+
+
+def child(code: str, *args: str, env: dict | None = None) -> tuple[float, dict]:
+    started = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=ROOT, check=True, env=env
+    )
+    return time.perf_counter() - started, json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def headers_bytes(pack: Path) -> int:
+    total = 0
+    for shard in pack.glob("*.safetensors"):
+        with open(shard, "rb") as fh:
+            total += 8 + struct.unpack("<Q", fh.read(8))[0]
+    return total
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--skip-overlay", action="store_true")
+    parser.add_argument(
+        "--tree", type=Path, help="a scratch vLLM 0.34.0 site-packages (its weight_utils.py is overwritten)"
+    )
+    parser.add_argument("--overlay-file", type=Path, help="vLLM 0.30.0's weight_utils.py, with --tree")
+    args = parser.parse_args()
+    med = statistics.median
+    work = Path(tempfile.mkdtemp(prefix="bench-doctor-hub-"))
+    try:
+        pack = work / "pack"
+        started = time.perf_counter()
+        subprocess.run([sys.executable, "-c", BUILD, str(pack)], cwd=ROOT, check=True)
+        built = time.perf_counter() - started
+        shards = sorted(pack.glob("*.safetensors"))
+        headers = headers_bytes(pack)
+        json_files = sum(p.stat().st_size for p in pack.glob("*.json"))
+        print(
+            f"pack: {len(shards)} shards, {sum(p.stat().st_size for p in shards) / 1e9:.1f} GB apparent, "
+            f"{headers:,} bytes of headers, {json_files:,} bytes of JSON (built in {built:.1f} s)"
+        )
+
+        runs = [child(LOCAL, str(pack)) for _ in range(args.repeat)]
+        report = runs[-1][1]
+        print(f"on disk: {args.repeat} runs of the {report['rows']} pack checks (fails: {report['fails'] or 'none'}):")
+        print(f"  wall time of the process, median   {med(r[0] for r in runs):.3f} s   (target < 1 s)")
+        print(f"  CPU time inside it, median         {med(r[1]['cpu'] for r in runs):.3f} s")
+        print(
+            f"  peak RSS (ru_maxrss), max          {max(r[1]['max_rss_mb'] for r in runs):.1f} MB   (target < 200 MB)"
+        )
+
+        server = subprocess.Popen(
+            [sys.executable, "-c", SERVER, REPO, str(pack)], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE
+        )
+        try:
+            endpoint = server.stdout.readline().decode().strip()
+            env = {**os.environ, "HF_ENDPOINT": endpoint, "HF_HOME": str(work / "hf-home"), "NO_PROXY": "127.0.0.1"}
+            env.pop("HF_TOKEN", None)
+            runs = [child(HUB, f"hf://{REPO}", env=env) for _ in range(args.repeat)]
+        finally:
+            server.stdin.close()
+            server.wait(timeout=30)
+        report = runs[-1][1]
+        bound = 2 * headers + json_files
+        print(f"from the stand-in Hub ({endpoint}), {args.repeat} runs (fails: {report['fails'] or 'none'}):")
+        print(f"  wall time of the process, median   {med(r[0] for r in runs):.3f} s")
+        print(f"  peak RSS (ru_maxrss), max          {max(r[1]['max_rss_mb'] for r in runs):.1f} MB")
+        print(
+            f"  bytes read                         {report['bytes_read']:,} in {report['requests']} requests "
+            f"({report['header_bytes']:,} of shard headers: {report['header_bytes'] / headers:.3f} x the headers)"
+        )
+        print(f"  bound: 2 x headers + JSON          {bound:,}   ({report['bytes_read'] / bound:.2f} of it)")
+        print(f"  pack.source: {report['source']}")
+
+        if args.skip_overlay:
+            return
+        sys.path.insert(0, str(ROOT))
+        if args.tree:
+            tree, overlay = args.tree, args.overlay_file.read_text()
+        else:
+            from tests.releases import copy_tree, pristine_tree, wheel_file
+
+            tree = copy_tree(pristine_tree("0.34.0"), work / "site-packages")
+            overlay = wheel_file("0.30.0", WEIGHT_UTILS).decode()
+        runs = [child(OVERLAY, str(tree)) for _ in range(args.repeat)]
+        print(f"rt.overlay-imports on vLLM 0.34.0, pristine ({runs[-1][1]['status']}):")
+        print(f"  the check alone, median            {med(r[1]['seconds'] for r in runs):.3f} s (imports included)")
+        link = tree / "vllm" / "model_executor"
+        if link.is_symlink():  # a test copy: a real folder of hard links, never written through
+            target = os.readlink(link)
+            link.unlink()
+            shutil.copytree(target, link, copy_function=os.link, symlinks=True)
+        (tree / WEIGHT_UTILS).unlink()
+        (tree / WEIGHT_UTILS).write_text(overlay)
+        runs = [child(OVERLAY, str(tree)) for _ in range(args.repeat)]
+        print(
+            f"  with 0.30.0's weight_utils.py over it ({runs[-1][1]['status']}): median "
+            f"{med(r[1]['seconds'] for r in runs):.3f} s"
+        )
+        print(f"  {runs[-1][1]['detail']}")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
