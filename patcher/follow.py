@@ -31,6 +31,7 @@ each candidate is followed):
 from __future__ import annotations
 
 import ast
+import builtins
 import inspect
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -38,6 +39,7 @@ from dataclasses import dataclass, field
 from patch_dsv4.patch import Context
 
 FunctionNode = ast.FunctionDef | ast.AsyncFunctionDef
+_BUILTINS = frozenset(dir(builtins))
 
 
 @dataclass(frozen=True, eq=False)
@@ -205,7 +207,8 @@ class Follower:
             sub = self._module(f"{module}.{name}")
             if sub is not None:
                 found.append(sub)
-        self.ctx.looked_up(file, name, bool(found))
+        if found:  # a miss is no evidence either way (a builtin, a name of another module): not recorded
+            self.ctx.looked_up(file, name, True)
         return _unique(found)
 
     def _bound_by(self, stmt: ast.stmt, module: str, file: str, name: str, seen: frozenset) -> list[Definition]:
@@ -314,14 +317,21 @@ class Follower:
         found: list[Definition] = []
         for owner in self.mro(cls):
             init = self.method(owner, "__init__")
-            if init is None or init.owner is None or init.owner.node is not owner.node:
-                continue
-            frame = Frame(init, {"self": [Value(cls, True)]})
-            for stmt in _function_statements(init.node):  # type: ignore[arg-type]
+            if init is not None and init.owner is not None and init.owner.node is owner.node:
+                frame = Frame(init, {"self": [Value(cls, True)]})
+                for stmt in _function_statements(init.node):  # type: ignore[arg-type]
+                    if isinstance(stmt, (ast.Assign, ast.AnnAssign)) and stmt.value is not None:
+                        targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+                        if any(ast.unparse(t) == f"self.{attr}" for t in targets):
+                            found += [v.defn for v in self.values(frame, stmt.value) if v.instance]
+            for stmt in owner.node.body:  # type: ignore[union-attr]
+                # a class attribute: `mapper = WeightsMapper(...)`
                 if isinstance(stmt, (ast.Assign, ast.AnnAssign)) and stmt.value is not None:
                     targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
-                    if any(ast.unparse(t) == f"self.{attr}" for t in targets):
-                        found += [v.defn for v in self.values(frame, stmt.value) if v.instance]
+                    if any(isinstance(t, ast.Name) and t.id == attr for t in targets):
+                        found += [
+                            v.defn for v in self._module_expr(owner.module, stmt.value, frozenset()) if v.instance
+                        ]
             if found:
                 break  # the most derived class's assignment is the one that holds
         return _unique(found)
@@ -378,8 +388,25 @@ class Follower:
             callee = ast.unparse(expr.func).rsplit(".", 1)[-1]
             if callee == "init_vllm_registered_model":
                 return [Value(c, True) for arch in _architectures(expr) for c in self.registered_model(arch)]
-            return [Value(v.defn, True) for v in self.values(frame, expr.func, _depth + 1) if v.defn.kind == "class"]
+            found = []
+            for value in self.values(frame, expr.func, _depth + 1):
+                if value.instance:
+                    continue
+                if value.defn.kind == "class":
+                    found.append(Value(value.defn, True))
+                elif value.defn.kind == "function" and _depth < 4:
+                    found += self.returned(value.defn, _depth + 1)  # a factory: the instances it returns
+            return found
         return []
+
+    def returned(self, defn: Definition, _depth: int = 0) -> list[Value]:
+        """The instances a function returns, where its ``return`` statements build them (``return X(...)``)."""
+        frame = self.frame(defn)
+        found: list[Value] = []
+        for stmt in _function_statements(defn.node):  # type: ignore[arg-type]
+            if isinstance(stmt, ast.Return) and isinstance(stmt.value, (ast.Call, ast.Name, ast.IfExp)):
+                found += [v for v in self.values(frame, stmt.value, _depth + 4) if v.instance]
+        return _unique_values(found)
 
     def _name(self, frame: Frame, name: str, depth: int) -> list[Value]:
         if name in frame.names:
@@ -397,7 +424,7 @@ class Follower:
                 targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
                 if any(isinstance(t, ast.Name) and t.id == name for t in targets):
                     found += self.values(frame, stmt.value, depth + 1)
-        if found or name in _parameters(func):
+        if found or name in _parameters(func) or name in _BUILTINS:
             return _unique_values(found)
         return [Value(d) for d in self.resolve(frame.defn.module, name)]
 
