@@ -174,6 +174,9 @@ class Follower:
 
     # -- modules ---------------------------------------------------------------
     def module_file(self, module: str) -> str | None:
+        """The file of a vLLM module; None for another package's (torch, abc...: never read, not vLLM's code)."""
+        if module != "vllm" and not module.startswith("vllm."):
+            return None
         base = module.replace(".", "/")
         for candidate in (f"{base}.py", f"{base}/__init__.py"):
             if self.ctx.ast(candidate) is not None:
