@@ -26,6 +26,8 @@ each candidate is followed):
 - ``f.walk(frame, depth, follow=...)``: every frame reachable from ``frame``
   through calls ``follow(frame, call)`` accepts, with the :class:`Path` taken.
 - ``Path.evidence()``: ``file:Qualified.name:line -> ...``, the path followed.
+- ``calls_in(func)`` / ``attribute_loads(func, "weight")``: the calls a function makes itself, and its reads
+  of an attribute (``x.weight``, ``getattr(x, "weight")``), for properties checked along a walk.
 """
 
 from __future__ import annotations
@@ -491,6 +493,26 @@ class Follower:
                         continue
                     seen.add((key, id(call)))
                     queue.append(Path(path.start, (*path.hops, Hop(frame, call, callee))))
+
+
+def attribute_loads(func: FunctionNode, attr: str) -> list[ast.Attribute]:
+    """The reads of ``<something>.<attr>`` a function makes itself (``getattr(x, "attr")`` included as a call)."""
+    found = []
+    for stmt in _function_statements(func):
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue
+        for node in ast.walk(stmt):
+            if isinstance(node, ast.Attribute) and node.attr == attr and isinstance(node.ctx, ast.Load):
+                found.append(node)
+            elif (
+                isinstance(node, ast.Call)
+                and ast.unparse(node.func) == "getattr"
+                and len(node.args) >= 2
+                and isinstance(node.args[1], ast.Constant)
+                and node.args[1].value == attr
+            ):
+                found.append(node)  # type: ignore[arg-type]
+    return sorted(dict.fromkeys(found), key=lambda n: (n.lineno, n.col_offset))
 
 
 def _parameters(func: ast.AST | None) -> list[str]:

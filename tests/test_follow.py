@@ -117,3 +117,14 @@ def test_follower_reads_each_file_once_and_only_vllm_files():
     list(follower.walk(follower.frame(start), 3))
     assert len(reads) == len(set(reads))
     assert all(rel.startswith("vllm/") for rel in reads), reads  # abc (a base class) is not vLLM's: never read
+
+
+def test_attribute_loads_along_a_walk(follower):
+    from patch_dsv4.follow import attribute_loads
+
+    start = follower.function(f"{PKG}/attention.py", "Attention", "_o_proj")
+    reads = {p.names(): attribute_loads(p.frame.node, "weight") for p in follower.walk(follower.frame(start), 3)}
+    assert [ast.unparse(n) for n in reads["Attention._o_proj -> GroupedWoA.grouped_forward -> project"]] == [
+        "wo_a.weight"
+    ]
+    assert reads["Attention._o_proj"] == []
