@@ -176,9 +176,11 @@ def _trace(follower: Follower, frame, stream: set[str], found: StreamPath, depth
             return True
         for callee_frame in callees:
             params = {p for p, arg in callee_frame.bindings.items() if arg in args}
-            if params:
-                found.followed.append(callee_frame.defn.qualname)
-                _trace(follower, callee_frame, params, found, depth + 1)
+            if not params:  # the stream goes to *args, **kwargs or a starred argument: not followed
+                found.opaque.append(f"{callee}() at {_where(frame, expr)}")
+                continue
+            found.followed.append(callee_frame.defn.qualname)
+            _trace(follower, callee_frame, params, found, depth + 1)
         return True
 
     for node in nodes:

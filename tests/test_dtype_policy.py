@@ -186,3 +186,16 @@ def test_changed_projection_is_drifted_and_nothing_written(make_tree, cli):
 
 
 # -- the patched _o_proj, executed on CPU torch ----------------------------------------
+
+
+def test_wo_a_handed_to_code_that_cannot_be_followed_is_no_evidence():
+    """One path is gated, but _o_proj also hands wo_a to a function nobody can follow: not upstream."""
+    flashmla = FLASHMLA_CLASS.replace(
+        "        return self.wo_b(z)\n",
+        "        z = z + self.extra_projection(o, self.wo_a)\n        return self.wo_b(z)\n",
+    )
+    package = "vllm/models/deepseek_v4/common/__init__.py"
+    texts = {FLASHMLA: flashmla, ATTENTION: ATTENTION_CLASS, package: "", GROUPED: GROUPED_CLASSES, OPS: GATED}
+    evidence, seen = wo_a_dtype_gate(Context.from_texts(texts), FLASHMLA, "DeepseekV4FlashMLAAttention")
+    assert evidence is None
+    assert "hands wo_a to self.extra_projection() at" in seen and "cannot be followed" in seen

@@ -211,6 +211,17 @@ SHAPES = {
         "drifted",
         lambda path, finalizes: path.materialized[0].startswith(f"held.sort() at {HELPERS}:inner"),
     ),
+    # the stream handed on through *args: the helper's body is not bound to it, so it proves nothing
+    "stream-through-star-args": (
+        """\
+        from vllm.models.deepseek_v4.common.weight_order import gather
+        return AutoWeightsLoader(self).load_weights(gather(weights))
+        """,
+        "def gather(*streams):\n    return sorted(streams[0])\n",
+        "",
+        "drifted",
+        lambda path, finalizes: path.opaque and not path.materialized,
+    ),
     # a helper nobody can follow (an attribute of unknown type) is no evidence of streaming
     "unfollowable-helper": (
         "return AutoWeightsLoader(self).load_weights(self.reorder(weights))\n",
