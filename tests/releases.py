@@ -29,11 +29,10 @@ PINNED_FLASHINFER = {
     "0.31.0": "0.7.0.post1",
     "0.32.0": "0.7.0.post1",
     "0.33.0": "0.7.2.post1",
-    "0.34.0": "0.7.3",  # not on the index: tests that install a FlashInfer take INSTALLABLE_FLASHINFER
+    # not on the index: a test that installs a FlashInfer beside 0.34.0 takes one it serves (0.7.2.post1, left
+    # from 0.33.0, or 0.7.4), as users do
+    "0.34.0": "0.7.3",
 }
-#: The FlashInfer a test installs beside each release: the pin where the index serves it, else one it does
-#: (0.34.0 is used with 0.7.2.post1, left from 0.33.0, or 0.7.4).
-INSTALLABLE_FLASHINFER = {**PINNED_FLASHINFER, "0.34.0": "0.7.4"}
 DSV4 = "vllm/models/deepseek_v4"
 # Copied for real into each test tree (everything else is hard-linked).
 REAL_COPY = ("vllm/models", "vllm/v1/attention")
