@@ -346,7 +346,7 @@ PipOption = typer.Option(
 
 def _release_target(vllm_version, wheel, source, flashinfer_version, cache_dir, pip_options):
     from patch_dsv4 import release_target as rt
-    from patch_dsv4.release_wheel import fetch_wheel
+    from patch_dsv4.release_wheel import fetch_wheel, flashinfer_pin_served
 
     if wheel is not None and (source is not None or vllm_version is not None):
         raise PatcherError(
@@ -361,6 +361,10 @@ def _release_target(vllm_version, wheel, source, flashinfer_version, cache_dir, 
     path, how = fetch_wheel(vllm_version, cache_dir, pip_options or (), progress=_say)
     target = rt.open_wheel(path, flashinfer_version)
     target.notes.insert(0, f"wheel {path.name} {how}")
+    if target.flashinfer_source == "pinned" and target.flashinfer_version and not target.flashinfer_given:
+        # drift fetches with pip anyway: say whether a user can install the pin the verdicts rest on
+        target.flashinfer_pin_served, note = flashinfer_pin_served(target.flashinfer_version, pip_options or ())
+        target.notes.append(note)
     return target
 
 

@@ -19,6 +19,8 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
+from packaging.version import InvalidVersion, Version
+
 from patch_dsv4 import anchors_store
 from patch_dsv4.anchors_store import BuildMatch
 from patch_dsv4.errors import EXIT_NEEDS_ACTION, EXIT_OK, PatcherError
@@ -180,6 +182,9 @@ def drift(target: ReleaseTarget, strict: bool = False, anchors_dir=None) -> Drif
                     f"for this release (re-record: {anchors_store.RECORD_COMMAND})"
                 )
 
+    if not (build.known and record is not None):
+        notes += changes_since_nearest(target.vllm_version, judged, records)
+
     all_prints = [a for rows in prints.values() for a in rows]
     drifted = [r for r in judged.reports if r.verdict is Verdict.DRIFTED]
     new = [a for a in all_prints if a.status == NEW]
@@ -230,6 +235,60 @@ def drift(target: ReleaseTarget, strict: bool = False, anchors_dir=None) -> Drif
         strict=strict,
         flashinfer_given=target.flashinfer_given,
     )
+
+
+def nearest_recorded(version: str, records: dict[str, dict]) -> str | None:
+    """The recorded release a new one is compared with: the newest not after it, else the oldest."""
+    try:
+        wanted = Version(version)
+    except InvalidVersion:
+        return None
+    known = sorted((Version(v), v) for v in records if _is_version(v))
+    before = [v for parsed, v in known if parsed <= wanted and v != version]
+    return before[-1] if before else (known[0][1] if known else None)
+
+
+def _is_version(text: str) -> bool:
+    try:
+        Version(text)
+    except InvalidVersion:
+        return False
+    return True
+
+
+def changes_since_nearest(version: str, judged: _Judged, records: dict[str, dict]) -> list[str]:
+    """Per patch whose verdict differs from the nearest recorded release's: what changed and where, as notes.
+
+    Each names the patch's verdicts there and here, every function (file and scope) whose verdict or
+    fingerprint changed, before and after, and the evidence now: the release-day review starts from here.
+    """
+    nearest = nearest_recorded(version, records)
+    if nearest is None:
+        return []
+    notes = []
+    for report in judged.reports:
+        entry = records[nearest]["patches"].get(report.id)
+        if entry is None:
+            notes.append(f"{report.id}: {report.verdict.value} on vLLM {version}; vLLM {nearest} has no record of it")
+            continue
+        was = "opt-in" if entry.get("opt_in") and entry.get("verdict") == "pending" else entry.get("verdict")
+        if was == report.verdict.value:
+            continue
+        recorded = {(a["file"], a["scope"]): a for a in entry.get("anchors", ())}
+        changed = []
+        for edit, outcome, fp in _fingerprints(judged, report.id):
+            before = recorded.get((edit.file, str(edit.scope)), {})
+            if before.get("verdict") == outcome.verdict.value and before.get("fingerprint") == fp:
+                continue
+            changed.append(
+                f"{edit.file}:{edit.scope} was {before.get('verdict', 'not recorded')} "
+                f"({before.get('fingerprint') or 'absent'}), is {outcome.verdict.value} ({fp or 'absent'})"
+            )
+        notes.append(
+            f"{report.id}: {report.verdict.value} on vLLM {version}, {was} on vLLM {nearest} (the nearest recorded "
+            f"release); " + ("; ".join(changed) or "the same functions, judged differently") + f"; now: {report.detail}"
+        )
+    return notes
 
 
 def _sha256(target: ReleaseTarget, relpath: str) -> str | None:

@@ -44,6 +44,7 @@ class ReleaseTarget:
     read_flashinfer_bytes: Callable[[str], bytes | None] = lambda _relpath: None
     notes: list[str] = field(default_factory=list)  # what was chosen, and from where
     flashinfer_given: bool = False  # --flashinfer-version replaced the release's own
+    flashinfer_pin_served: bool | None = None  # pip's index serves the pin (None: not asked)
     package_files: Callable[[], list[str]] = lambda: []  # the DeepSeek-V4 package's Python files
     _close: Callable[[], None] = lambda: None
 
@@ -55,6 +56,7 @@ class ReleaseTarget:
             read_bytes=self.read_bytes,
             read_flashinfer_bytes=self.read_flashinfer_bytes,
             flashinfer_given=self.flashinfer_given,
+            flashinfer_pin_served=self.flashinfer_pin_served,
         )
 
     def close(self) -> None:

@@ -11,21 +11,17 @@ from __future__ import annotations
 
 import ast
 import builtins
-import inspect
 import textwrap
 from collections.abc import Iterable
 
+from patch_dsv4.follow import Follower, absolute_module, signature
 from patch_dsv4.patch import Context
 
 _BUILTINS = set(dir(builtins))
 
 
 def module_path(ctx: Context, module: str) -> str | None:
-    base = module.replace(".", "/")
-    for candidate in (f"{base}.py", f"{base}/__init__.py"):
-        if ctx.read(candidate) is not None:
-            return candidate
-    return None
+    return Follower(ctx).module_file(module)
 
 
 def top_level_names(tree: ast.Module) -> dict[str, ast.AST]:
@@ -62,27 +58,6 @@ def _is_toplevel(tree: ast.Module, node: ast.AST) -> bool:
     return False
 
 
-def _signature(func: ast.FunctionDef | ast.AsyncFunctionDef) -> inspect.Signature:
-    a = func.args
-    params = []
-    positional = [*a.posonlyargs, *a.args]
-    defaults = [None] * (len(positional) - len(a.defaults)) + list(a.defaults)
-    for i, (arg, default) in enumerate(zip(positional, defaults, strict=True)):
-        kind = inspect.Parameter.POSITIONAL_ONLY if i < len(a.posonlyargs) else inspect.Parameter.POSITIONAL_OR_KEYWORD
-        params.append(inspect.Parameter(arg.arg, kind, default=inspect.Parameter.empty if default is None else 0))
-    if a.vararg:
-        params.append(inspect.Parameter(a.vararg.arg, inspect.Parameter.VAR_POSITIONAL))
-    for arg, default in zip(a.kwonlyargs, a.kw_defaults, strict=True):
-        params.append(
-            inspect.Parameter(
-                arg.arg, inspect.Parameter.KEYWORD_ONLY, default=inspect.Parameter.empty if default is None else 0
-            )
-        )
-    if a.kwarg:
-        params.append(inspect.Parameter(a.kwarg.arg, inspect.Parameter.VAR_KEYWORD))
-    return inspect.Signature(params)
-
-
 def _free_names(tree: ast.Module) -> set[str]:
     bound: set[str] = set()
     used: set[str] = set()
@@ -101,46 +76,21 @@ def _free_names(tree: ast.Module) -> set[str]:
     return used - bound - _BUILTINS
 
 
-def _resolve_function(ctx: Context, module: str, name: str, depth: int = 0):
-    """The ast FunctionDef of ``module.name``, following re-exports a few levels."""
-    path = module_path(ctx, module)
-    tree = ctx.ast(path) if path else None
-    if tree is None or depth > 3:
+def _resolve_function(ctx: Context, module: str, name: str):
+    """The signature ``module.name`` binds a call to (a function's, or a class's ``__init__`` without ``self``), or
+    None where the name does not lead to one definition there (the shared facility, patcher/follow.py, resolves it)."""
+    follower = Follower(ctx)
+    found = follower.resolve(module, name)
+    if len(found) != 1:
         return None
-    node = top_level_names(tree).get(name)
-    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-        return node
-    if isinstance(node, ast.ClassDef):
+    (defn,) = found
+    if defn.kind == "function":
+        return signature(defn.node)
+    if defn.kind == "class":
         # A constructor call binds to __init__ (without self); an inherited one is not checked.
-        init = next((n for n in node.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None)
-        if init is None:
-            return None
-        bound = ast.FunctionDef(**{**init.__dict__, "args": _without_first(init.args)})
-        return bound
-    if isinstance(node, ast.ImportFrom) and node.module:
-        source = _absolute(module, node, path)
-        for alias in node.names:
-            if (alias.asname or alias.name) == name:
-                return _resolve_function(ctx, source, alias.name, depth + 1)
+        init = next((n for n in defn.node.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None)
+        return signature(init, drop_first=True) if init is not None else None
     return None
-
-
-def _without_first(args: ast.arguments) -> ast.arguments:
-    positional = [*args.posonlyargs, *args.args]
-    if not positional:
-        return args
-    if args.posonlyargs:
-        return ast.arguments(**{**args.__dict__, "posonlyargs": args.posonlyargs[1:]})
-    return ast.arguments(**{**args.__dict__, "args": args.args[1:]})
-
-
-def _absolute(module: str, node: ast.ImportFrom, path: str) -> str:
-    if not node.level:
-        return node.module or ""
-    package = module if path.endswith("__init__.py") else module.rpartition(".")[0]
-    for _ in range(node.level - 1):
-        package = package.rpartition(".")[0]
-    return f"{package}.{node.module}" if node.module else package
 
 
 def local_names(scope: ast.AST) -> set[str]:
@@ -171,13 +121,16 @@ def check_injected(
     for node in target_tree.body:
         if isinstance(node, ast.ImportFrom) and node.module is not None:
             for alias in node.names:
-                imported[alias.asname or alias.name] = (_absolute(target_module, node, target_file), alias.name)
+                imported[alias.asname or alias.name] = (
+                    absolute_module(target_module, target_file.endswith("__init__.py"), node.level, node.module),
+                    alias.name,
+                )
     trees = [ast.parse(textwrap.dedent(source)) for source in sources]
     injected_defs = {name for tree in trees for name in top_level_names(tree)}
     for tree in trees:
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and node.module:
-                module = _absolute(target_module, node, target_file)
+                module = absolute_module(target_module, target_file.endswith("__init__.py"), node.level, node.module)
                 if not module.startswith("vllm"):
                     continue
                 path = module_path(ctx, module)
@@ -209,7 +162,7 @@ def check_injected(
             if func is None:
                 continue
             try:
-                _signature(func).bind(*node.args, **{k.arg: k.value for k in node.keywords})
+                func.bind(*node.args, **{k.arg: k.value for k in node.keywords})
             except TypeError as exc:
                 problems.append(f"calls {origin[0]}.{origin[1]} in a way this release's signature rejects: {exc}")
     return problems

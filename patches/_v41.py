@@ -1,6 +1,6 @@
 """Where vLLM keeps DeepSeek-V4.1: the same code in two package names.
 
-vLLM 0.30.0-0.33.0 on PyPI ship it as ``vllm/models/deepseek_v41/``; the
+vLLM 0.30.0-0.34.0 on PyPI ship it as ``vllm/models/deepseek_v41/``; the
 nightlies and the ``deepseekv41-flash-*`` images as ``vllm/models/deepseek_v4_1/``
 (imports then read ``vllm.models.deepseek_v4_1``). A patch that fixes V4.1 edits
 the same scope in both, one edit per layout, so that each has its own verdict.

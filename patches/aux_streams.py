@@ -13,7 +13,7 @@ leaves the forward fan-out and the indexer on them).
 
 DeepSeek-V4.1's `DeepseekV4Model.__init__` (`deepseek_v41/nvidia/model.py`,
 `deepseek_v4_1/` in the nightlies) makes the same three streams on vLLM
-0.30.0-0.33.0, and V4.1 EXL3 packs hit the same deadlock: the patch switches it
+0.30.0-0.34.0, and V4.1 EXL3 packs hit the same deadlock: the patch switches it
 too, with the same switch.
 
 With this patch, `aux_stream_list` is None (the path vLLM takes on ROCm, which
@@ -22,7 +22,7 @@ every release's attention code handles) when `PATCH_DSV4_AUX_STREAMS=0`, lna-lab
 is set when the model is built; otherwise the streams are created as before. Applied only when asked for
 (`patch-dsv4 apply --with aux-streams`), then kept by later applies.
 
-Not fixed upstream in vLLM 0.28.0-0.33.0 nor in exllamav3 1.4.0-1.6.5.
+Not fixed upstream in vLLM 0.28.0-0.34.0 nor in exllamav3 1.4.0-1.6.5.
 """
 
 from __future__ import annotations
@@ -132,7 +132,7 @@ class AuxStreams(Patch):
             label=f"{what} builds no auxiliary streams when switched off",
             file=file,
             scope=Scope(cls, "__init__"),
-            variants=(Variant(ANCHOR, REPLACEMENT, releases="0.28.0-0.33.0"),),
+            variants=(Variant(ANCHOR, REPLACEMENT, releases="0.28.0-0.34.0"),),
             helpers=(_patch_dsv4_aux_streams_off,),
             probe=_upstream_switch(cls),
             foreign=(LNA_AUX_STREAMS, miaai_kit.SERIAL_STREAMS_SWITCH),

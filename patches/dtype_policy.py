@@ -14,15 +14,24 @@ its own `_o_proj`, so a class that stops routing through the shared op is
 reported as drifted instead of silently left on the FP8-only path.
 
 DeepSeek-V4.1 (`deepseek_v41/`, `deepseek_v4_1/` in the nightlies; vLLM 0.30.0
-on) has the same three NVIDIA classes; their `_o_proj` calls V4's shared
-`deep_gemm_fp8_o_proj` (0.30.0-0.32.0), or V4.1's `dsv41_o_proj`
-(`nvidia/ops/o_proj.py`, 0.33.0), which calls it: the patch judges each of them
-by that op, as it judges V4's.
+on) has the same three NVIDIA classes; their `_o_proj` reaches the same op,
+directly or through V4.1's `dsv41_o_proj` (`nvidia/ops/o_proj.py`).
 
 Fixed upstream in vLLM 0.30.0: `deep_gemm_fp8_o_proj` checks
 `wo_a.weight.dtype == torch.float8_e4m3fn` and takes a BF16 `torch.bmm` path
 otherwise (same math; 0.30's `fused_inv_rope_fp8_quant(quantize=False)` does not
-exist before 0.30, so that path cannot be backported as is).
+exist before 0.30, so that path cannot be backported as is). vLLM 0.34.0 moves
+the call one hop further: `_o_proj` calls `self.wo_a.grouped_forward(...)`
+(`DeepseekV4GroupedWoA`, `common/grouped_wo_a.py`), which imports the op inside
+the function and passes itself as `wo_a`.
+
+What the probes check, whatever the code is called: the defect is a call of
+deep-GEMM's `fp8_einsum` (the FP8-only GEMM with block scales) reached from
+`_o_proj` whatever wo_a's dtype; the fix is that every such call, followed
+through the calls that carry the attention's `wo_a` (as a receiver, an argument,
+or the layer holding it: methods of the class `wo_a` is assigned, functions
+imported inside a function, helpers in other modules), runs only on a branch of
+a test of that `wo_a`'s weight dtype against `torch.float8_e4m3fn`.
 """
 
 from __future__ import annotations
@@ -31,9 +40,10 @@ import ast
 
 from patch_dsv4.edits import ForeignEdit, ReplaceStatements, Variant
 from patch_dsv4.fingerprint import find_scope
+from patch_dsv4.follow import Follower, calls_in
 from patch_dsv4.patch import INJECTED_PREFIX, Context, Example, Patch, Scope
 from patch_dsv4.patches import miaai_kit
-from patch_dsv4.patches._v41 import imported_from, in_layouts
+from patch_dsv4.patches._v41 import in_layouts
 from patch_dsv4.verdicts import Outcome, Verdict
 
 FLASHINFER = "vllm/models/deepseek_v4/nvidia/flashinfer_sparse.py"
@@ -106,21 +116,35 @@ def _patch_dsv4_bf16_o_proj(layer, o, positions):
 # fmt: on
 
 
-def _compares_wo_a_dtype_with_fp8(node: ast.AST) -> bool:
-    """Whether ``node`` holds a comparison of some ``wo_a``'s weight dtype with FP8: ``wo_a.weight.dtype``, or
-    the dtype of a name bound to ``wo_a.weight`` or ``getattr(wo_a, "weight", ...)`` (MiaAI's kit reads it so)."""
-    weights = {"wo_a.weight"}
+def _wo_a_weights(node: ast.AST, aliases: frozenset[str]) -> set[str]:
+    """The expressions that read ``wo_a``'s weight in ``node``: ``<alias>.weight`` for every expression ``aliases``
+    names as the attention's ``wo_a``, and a name bound to it or to ``getattr(<alias>, "weight", ...)`` (MiaAI's kit
+    reads it so)."""
+    weights = {f"{alias}.weight" for alias in aliases}
+    getattrs = {f"getattr({alias}, 'weight'" for alias in aliases}
     for sub in ast.walk(node):
         if isinstance(sub, ast.Assign) and len(sub.targets) == 1 and isinstance(sub.targets[0], ast.Name):
             value = ast.unparse(sub.value)
-            if value.endswith("wo_a.weight") or (value.startswith("getattr(") and "wo_a, 'weight'" in value):
+            if value in weights or any(value.startswith(g) for g in getattrs):
                 weights.add(sub.targets[0].id)
+    return weights
+
+
+def _dtype_tests(node: ast.AST, aliases: frozenset[str] = frozenset({"wo_a", "self.wo_a"})) -> list[ast.Compare]:
+    """The comparisons in ``node`` of ``wo_a``'s weight dtype with ``torch.float8_e4m3fn``."""
+    weights = _wo_a_weights(node, aliases)
+    found = []
     for sub in ast.walk(node):
         if isinstance(sub, ast.Compare):
             sides = [ast.unparse(side) for side in (sub.left, *sub.comparators)]
-            if any(s.endswith(f"{w}.dtype") for s in sides for w in weights) and "torch.float8_e4m3fn" in sides:
-                return True
-    return False
+            if any(s == f"{w}.dtype" for s in sides for w in weights) and "torch.float8_e4m3fn" in sides:
+                found.append(sub)
+    return found
+
+
+def _compares_wo_a_dtype_with_fp8(node: ast.AST) -> bool:
+    """Whether ``node`` holds a comparison of some ``wo_a``'s weight dtype with FP8 (the foreign edits' shape)."""
+    return bool(_dtype_tests(node))
 
 
 def _names_injected(node: ast.AST) -> bool:
@@ -133,40 +157,133 @@ def _calls(node: ast.AST, name: str) -> bool:
     )
 
 
-def _upstream_checks_dtype(cls: str, file: str | None = None):
-    """Upstream where the class checks wo_a's dtype, or calls the shared op that does. With ``file`` (V4.1), a
-    call of a vLLM function imported into the file that calls the shared op counts as a call of it."""
+#: Calls that read a module without running its weights (never followed).
+_BUILTIN_CALLS = frozenset({"getattr", "hasattr", "isinstance", "setattr", "type", "id", "len", "print"})
+#: The FP8-only step: deep-GEMM's grouped einsum with wo_a's block scales (a BF16 wo_a has none).
+FP8_GEMM = "fp8_einsum"
+
+
+def _branches_on_dtype(func: ast.AST, aliases: frozenset[str], call: ast.Call) -> ast.Compare | None:
+    """The test of wo_a's dtype that decides whether ``call`` (in ``func``) runs: an ``if`` (or conditional
+    expression) around it, or before it with a ``return``, whose test is the comparison or a flag bound to it."""
+    tests = _dtype_tests(func, aliases)
+    if not tests:
+        return None
+    flags = {
+        target.id
+        for sub in ast.walk(func)
+        if isinstance(sub, ast.Assign) and any(t in tests for t in ast.walk(sub.value))
+        for target in sub.targets
+        if isinstance(target, ast.Name)
+    }
+
+    def decides(test: ast.expr) -> bool:
+        return any(t in tests for t in ast.walk(test)) or any(
+            isinstance(n, ast.Name) and n.id in flags for n in ast.walk(test)
+        )
+
+    for sub in ast.walk(func):
+        if isinstance(sub, (ast.If, ast.IfExp)) and decides(sub.test):
+            arms = [sub.body, sub.orelse] if isinstance(sub, ast.IfExp) else [*sub.body, *sub.orelse]
+            inside = any(n is call for arm in arms for n in ast.walk(arm) if isinstance(arm, ast.AST))
+            returns = isinstance(sub, ast.If) and any(isinstance(n, ast.Return) for n in ast.walk(sub))
+            if inside or (returns and sub.lineno < call.lineno):
+                return tests[0]
+    return None
+
+
+def wo_a_dtype_gate(ctx: Context, file: str, cls: str, method: str = "_o_proj") -> tuple[str | None, str]:
+    """Whether ``cls.method`` of ``file`` honours wo_a's dtype: (evidence of the fix or None, what was seen).
+
+    Follows the calls that carry the attention's ``wo_a`` (as a receiver, an argument, or the layer that holds it)
+    from the method to every call of the FP8-only GEMM they reach; the fix is there when each such call runs only
+    on a branch of a test of ``wo_a``'s weight dtype against ``torch.float8_e4m3fn`` made on the way (in the
+    function itself or in one that leads to it). No FP8 GEMM reached: the fix is there only when the method itself
+    branches on that dtype.
+    """
+    follower = Follower(ctx)
+    start = follower.function(file, cls, method)
+    if start is None:
+        return None, f"{cls}.{method} not found in {file}"
+    aliases_of: dict[int, frozenset[str]] = {}
+
+    def carries(frame, call: ast.Call) -> bool:
+        aliases = aliases_of.get(id(frame), frozenset())
+        layers = {a.rsplit(".", 1)[0] for a in aliases if a.endswith(".wo_a")}
+        text = {ast.unparse(arg) for arg in [*call.args, *(k.value for k in call.keywords)]}
+        receiver = ast.unparse(call.func.value) if isinstance(call.func, ast.Attribute) else None
+        carried = bool(text & (aliases | layers)) or receiver in aliases
+        if not carried and receiver in layers:
+            # layer.method(...) hands the layer on; layer.wo_b(...) calls another module: only a method counts
+            carried = any(not v.instance and v.defn.owner is not None for v in follower.values(frame, call.func))
+        name = ast.unparse(call.func)
+        if carried and name not in _BUILTIN_CALLS and not follower.callees(frame, call):
+            unfollowed.append(f"{name}() at {frame.defn.file}:{frame.defn.qualname}:{call.lineno}")
+        return carried
+
+    unfollowed: list[str] = []  # calls that carry wo_a where the facility cannot follow them
+    root = follower.frame(start)
+    aliases_of[id(root)] = frozenset({"self.wo_a"})
+    sites: list[tuple[object, ast.Call, ast.Compare | None]] = []
+    for path in follower.walk(root, follow=carries):
+        frame = path.frame
+        if path.hops:
+            caller = aliases_of.get(id(path.hops[-1].caller), frozenset())
+            aliases_of[id(frame)] = frozenset(
+                param + alias[len(text) :]
+                for param, arg in frame.bindings.items()
+                if (text := ast.unparse(arg))
+                for alias in caller
+                if alias == text or alias.startswith(text + ".")
+            )
+        aliases = aliases_of[id(frame)]
+        for call in calls_in(frame.node):
+            if ast.unparse(call.func).rsplit(".", 1)[-1] != FP8_GEMM:
+                continue
+            gate = _branches_on_dtype(frame.node, aliases, call)
+            steps = [(h.caller, h.call) for h in path.hops]
+            for caller, on_path in reversed(steps):
+                if gate is not None:
+                    break
+                gate = _branches_on_dtype(caller.node, aliases_of.get(id(caller), frozenset()), on_path)
+            sites.append((path, call, gate))
+    if not sites:
+        own = _dtype_tests(start.node, frozenset({"self.wo_a"}))
+        branches = [
+            n
+            for n in ast.walk(start.node)
+            if isinstance(n, (ast.If, ast.IfExp)) and any(t in own for t in ast.walk(n.test))
+        ]
+        if branches:
+            return f"{start.where()} branches on wo_a.weight.dtype against torch.float8_e4m3fn itself", ""
+        return None, f"no call of {FP8_GEMM} reached from {start.qualname} through the calls that carry wo_a"
+    if unfollowed:  # wo_a goes where the FP8 GEMM may run unseen: no evidence either way
+        return None, f"{start.qualname} hands wo_a to {unfollowed[0]}, which cannot be followed"
+    ungated = [(p, c) for p, c, g in sites if g is None]
+    if ungated:
+        path, call = ungated[0]
+        return None, f"{path.names()} calls {FP8_GEMM} at line {call.lineno} whatever wo_a's dtype"
+    path, call, gate = sites[0]
+    # one sentence for every class that reaches the gate the same way (status prints it once)
+    middle = [h.callee.defn.qualname for h in path.hops[:-1]]
+    how = f"through {' -> '.join(middle)}" if middle else "directly"
+    return (
+        # no line numbers: a reformatted release gives the same evidence
+        f"{path.frame.defn.file}: {path.frame.defn.qualname} runs {FP8_GEMM} only when `{ast.unparse(gate)}`, "
+        f"otherwise a BF16 path; {method} reaches it {how}",
+        "",
+    )
+
+
+def _upstream_checks_dtype(cls: str, file: str):
+    """Upstream where the code ``cls._o_proj`` reaches runs the FP8-only GEMM only for an FP8 wo_a."""
 
     def probe(ctx: Context, tree: ast.Module | None) -> Outcome | None:
         method = find_scope(tree, cls, "_o_proj") if tree is not None else None
-        if method is None:
-            return None
-        if _compares_wo_a_dtype_with_fp8(method) and not _names_injected(method):
-            return Outcome.upstream(f"{cls}._o_proj checks wo_a.weight.dtype against torch.float8_e4m3fn itself")
-        via = ""
-        if not _calls(method, SHARED_OP):
-            called = [
-                sub.func.id for sub in ast.walk(method) if isinstance(sub, ast.Call) and isinstance(sub.func, ast.Name)
-            ]
-            wrappers = [
-                (name, source)
-                for name in called
-                if file is not None and (source := imported_from(tree, file, name)) is not None
-            ]
-            found = [
-                (n, src) for n, src in wrappers if (f := ctx.scope(src, None, n)) is not None and _calls(f, SHARED_OP)
-            ]
-            if not found:
-                return None
-            via = f" (through {found[0][0]} of {found[0][1]})"
-        op = ctx.scope(O_PROJ, None, SHARED_OP)
-        if op is not None and _compares_wo_a_dtype_with_fp8(op):
-            # one sentence for every class that reaches the op the same way (status prints it once)
-            return Outcome.upstream(
-                f"{O_PROJ}: {SHARED_OP}, which the attention classes call{via}, takes a BF16 path "
-                "when wo_a.weight.dtype is not torch.float8_e4m3fn"
-            )
-        return None
+        if method is None or _names_injected(method):
+            return None  # absent: the anchors say drifted; ours: they tell applied from modified
+        evidence, _seen = wo_a_dtype_gate(ctx, file, cls)
+        return Outcome.upstream(evidence) if evidence else None
 
     return probe
 
@@ -228,12 +345,11 @@ class DtypePolicy(Patch):
             scope=Scope(cls, "_o_proj"),
             variants=(Variant(ANCHOR, REPLACEMENT, releases="0.28.0, 0.29.0"),),
             helpers=(_patch_dsv4_bf16_o_proj,),
-            probe=_upstream_checks_dtype(cls, file if v41 else None),
+            probe=_upstream_checks_dtype(cls, file),
             foreign=(LNA_DENSE_EXL3, RECIPE_STOCK028),
             kept=(miaai_kit.EXL3_O_PROJ,),
         )
-        for v41, classes in ((False, ATTENTION_CLASSES), (True, V41_ATTENTION_CLASSES))
-        for what, file, cls in classes
+        for what, file, cls in (*ATTENTION_CLASSES, *V41_ATTENTION_CLASSES)
     )
 
 
@@ -361,6 +477,81 @@ class DeepseekV4FlashMLAAttention(DeepseekV4Attention):
 """,
         after=None,
         verdict=Verdict.UPSTREAM,
+    ),
+    # 0.34.0's fix, spelled anew: the class of wo_a (picked by a conditional expression in the base class)
+    # reaches the FP8 GEMM through a helper that branches on wo_a's weight dtype first
+    Example(
+        "upstream-through-the-attribute-class",
+        FLASHMLA,
+        before="""\
+def _grouped_gemm(x, weight_owner):
+    is_fp8 = weight_owner.weight.dtype == torch.float8_e4m3fn
+    if not is_fp8:
+        return torch.bmm(x, weight_owner.weight)
+    return fp8_einsum("bhr,hdr->bhd", x, weight_owner.weight)
+
+
+class GroupedProjection:
+    def run(self, x):
+        return _grouped_gemm(x, self)
+
+
+class DeepseekV4Attention:
+    def __init__(self, cpu):
+        projection = Linear if cpu else GroupedProjection
+        self.wo_a = projection(1, 2)
+
+
+class DeepseekV4FlashMLAAttention(DeepseekV4Attention):
+    def _o_proj(self, o, positions):
+        return self.wo_b(self.wo_a.run(o))
+""",
+        after=None,
+        verdict=Verdict.UPSTREAM,
+    ),
+    # the same path with the dtype branch missing: the FP8 GEMM runs for any wo_a
+    Example(
+        "dtype-branch-missing-drifts",
+        FLASHMLA,
+        before="""\
+def _grouped_gemm(x, weight_owner):
+    return fp8_einsum("bhr,hdr->bhd", x, weight_owner.weight)
+
+
+class GroupedProjection:
+    def run(self, x):
+        return _grouped_gemm(x, self)
+
+
+class DeepseekV4Attention:
+    def __init__(self):
+        self.wo_a = GroupedProjection(1, 2)
+
+
+class DeepseekV4FlashMLAAttention(DeepseekV4Attention):
+    def _o_proj(self, o, positions):
+        return self.wo_b(self.wo_a.run(o))
+""",
+        after=None,
+        verdict=Verdict.DRIFTED,
+    ),
+    # a dtype branch on the wrong module (wo_b) does not make wo_a's GEMM safe
+    Example(
+        "branch-on-another-weight-drifts",
+        FLASHMLA,
+        before="""\
+def _grouped_gemm(x, wo_a, wo_b):
+    if wo_b.weight.dtype == torch.float8_e4m3fn:
+        return fp8_einsum("bhr,hdr->bhd", x, wo_a.weight)
+    return fp8_einsum("bhr,hdr->bhd", x, wo_a.weight)
+
+
+class DeepseekV4FlashMLAAttention:
+    def _o_proj(self, o, positions):
+        return _grouped_gemm(o, self.wo_a, self.wo_b)
+""",
+        after=None,
+        verdict=Verdict.DRIFTED,
     ),
     Example(
         "changed-call-drifts",

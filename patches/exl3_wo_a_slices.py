@@ -3,7 +3,7 @@
 lna-lab's dense-EXL3 packs store each layer's `wo_a` as one EXL3 tensor set per
 output group (`layers.N.attn.wo_a.slice.G.{trellis,suh,svh,...}`), so that each
 tensor-parallel rank loads its own group. `DeepseekV4Model.load_weights`
-(`nvidia/model.py`) has no mapping for those names in any release 0.28.0-0.33.0:
+(`nvidia/model.py`) has no mapping for those names in any release 0.28.0-0.34.0:
 `KeyError: 'layers.N.attn.wo_a.slice.0.trellis'`. The patch extends
 `stacked_params_mapping`, for a model whose quant config is vllm-exl3's, with
 one entry per group, `("attn.wo_a.", "attn.wo_a.slice.G.", G)`: the tensor loads
@@ -22,10 +22,10 @@ exl3-wo-a-slices`), then kept by later applies.
 DeepSeek-V4.1 EXL3 packs store `wo_a` per group too (MiaAI-Lab's kit maps
 `wo_a.slice.G.*` in V4.1's loader), and V4.1's `DeepseekV4Model.load_weights`
 (`deepseek_v41/nvidia/model.py`; `deepseek_v4_1/` in the nightlies, vLLM
-0.30.0-0.33.0) has the same `stacked_params_mapping` and no mapping for them:
+0.30.0-0.34.0) has the same `stacked_params_mapping` and no mapping for them:
 the patch extends it the same way.
 
-Not fixed upstream in vLLM 0.28.0-0.33.0.
+Not fixed upstream in vLLM 0.28.0-0.34.0.
 """
 
 from __future__ import annotations
@@ -151,9 +151,9 @@ class Exl3WoASlices(Patch):
             foreign=(LNA_SLICES, miaai_kit.V41_WO_A_SLICES),
         )
         for label, file, releases in (
-            ("load_weights maps attn.wo_a.slice.G to wo_a, shard G", MODEL, "0.28.0-0.33.0"),
+            ("load_weights maps attn.wo_a.slice.G to wo_a, shard G", MODEL, "0.28.0-0.34.0"),
             *(
-                (f"load_weights maps attn.wo_a.slice.G to wo_a, shard G ({tag})", file, "V4.1: 0.30.0-0.33.0")
+                (f"load_weights maps attn.wo_a.slice.G to wo_a, shard G ({tag})", file, "V4.1: 0.30.0-0.34.0")
                 for file, tag in in_layouts("nvidia/model.py")
             ),
         )

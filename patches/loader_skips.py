@@ -29,6 +29,7 @@ from __future__ import annotations
 import ast
 
 from patch_dsv4.edits import ForeignEdit, ReplaceStatements, Variant
+from patch_dsv4.follow import Follower
 from patch_dsv4.patch import Context, Example, Patch, Scope
 from patch_dsv4.patches._v41 import in_layouts
 from patch_dsv4.verdicts import Outcome, Verdict
@@ -183,12 +184,9 @@ def _upstream_draft_gate_bias(ctx: Context, tree: ast.Module | None) -> Outcome 
     if tree is None:
         return None
     evidence = _moe_homes(ctx)
-    reuses_target_layers = any(
-        isinstance(node, ast.ImportFrom)
-        and (node.module, node.level) in (("vllm.models.deepseek_v4.nvidia.model", 0), ("model", 1))
-        and any(alias.name == "DeepseekV4DecoderLayer" for alias in node.names)
-        for node in tree.body
-    )
+    # the draft's decoder layer is the target's own class, however the file imports it
+    layer = Follower(ctx).resolve(Follower.module_of(DSPARK), "DeepseekV4DecoderLayer")
+    reuses_target_layers = bool(layer) and all(d.file == MODEL and d.kind == "class" for d in layer)
     if evidence and reuses_target_layers:
         return Outcome.upstream(f"{DSPARK} builds its layers from DeepseekV4DecoderLayer, whose MoE has both biases")
     return None

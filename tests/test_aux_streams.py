@@ -75,7 +75,7 @@ class _Stream:
     ],
     ids=["unset", "patch-dsv4-switch", "lna-switch", "on", "miaai-serial", "miaai-not-serial"],
 )
-@pytest.mark.parametrize("version", ["0.28.0", "0.33.0"])
+@pytest.mark.parametrize("version", ["0.28.0", "0.34.0"])
 def test_the_patched_statement_makes_streams_only_when_not_switched_off(
     version, environ, streams, make_tree, cli, monkeypatch
 ):

@@ -250,3 +250,29 @@ def test_source_without_vllm(tmp_path, cli):
     _one_line_error(cli("drift"), "no release to judge")
     json_error = cli("drift", "--source", tmp_path, "--json")
     assert json_error.code == 2 and json_error.json()["exit_code"] == 2
+
+
+def test_a_new_release_is_compared_with_the_nearest_recorded_one(tmp_path):
+    """Release day: vLLM 0.33.0 judged as if only 0.30.0-0.32.0 were recorded. stream-load changed verdict: the
+    note names the verdicts, each function before and after (fingerprints), and the evidence now; patches whose
+    verdict stayed get no note."""
+    import shutil
+
+    from patch_dsv4 import anchors_store
+    from patch_dsv4.drift import drift, nearest_recorded
+    from patch_dsv4.release_target import open_wheel
+
+    for version in ("0.30.0", "0.31.0", "0.32.0"):
+        shutil.copy(anchors_store.anchors_path(version), tmp_path)
+    with open_wheel(wheel("vllm", "0.33.0")) as target:
+        report = drift(target, anchors_dir=tmp_path).report
+    changes = [n for n in report.notes if "(the nearest recorded release)" in n]
+    assert len(changes) == 1, report.notes
+    (note,) = changes
+    recorded = anchors_store.load("0.32.0")["patches"]["stream-load"]["anchors"][0]
+    assert note.startswith("stream-load: upstream on vLLM 0.33.0, pending on vLLM 0.32.0 (the nearest recorded")
+    assert f"{VL_MODEL}:DeepseekV4ForConditionalGeneration.load_weights was pending ({recorded['fingerprint']})" in note
+    now = anchors_store.load("0.33.0")["patches"]["stream-load"]["anchors"][0]["fingerprint"]
+    assert f"is upstream ({now})" in note and "now: " in note and "stream_language_model_first" in note
+    assert nearest_recorded("0.29.0", {"0.30.0": {}, "0.32.0": {}}) == "0.30.0"  # nothing older: the oldest
+    assert nearest_recorded("0.35.0rc1", {"0.30.0": {}, "0.34.0": {}}) == "0.34.0"

@@ -253,3 +253,21 @@ def test_the_guards_first_call_in_a_bare_interpreter_imports_nothing_costly(expe
         f"print(sorted(new & set({COSTLY!r})), 'patch_dsv4.serving' in new)"
     )
     assert _in_bare_interpreter(site, code, env) == f"[] {expect}"
+
+
+@pytest.mark.parametrize("known", [True, False], ids=["known-build", "judged-in-full"])
+def test_strict_lets_vllm_034_start(known, make_tree, running, monkeypatch, caplog):
+    """vLLM 0.34.0 needs no default patch (stream-load, dtype-policy upstream): the strict guard lets it start,
+    whether the build is decided from anchors/ or, for an unrecorded build, judged in full."""
+    tree = make_tree("0.34.0")
+    if not known:  # a file no release ships in the DeepSeek-V4 package: an unknown build
+        (tree / "vllm" / "models" / "deepseek_v4" / "notes.py").write_text("# a local addition\n")
+    full = []
+    judge_in_full = guard._full_judgement
+    monkeypatch.setattr(guard, "_full_judgement", lambda *a: full.append(1) or judge_in_full(*a))
+    running(tree)
+    monkeypatch.setenv(guard.ENV, "strict")
+    with caplog.at_level(logging.DEBUG, logger="vllm.patch_dsv4"):
+        guard.check()  # raises in strict mode if a patch this vLLM needs were missing
+    assert bool(full) is not known
+    assert not [r for r in _records(caplog) if r.levelno >= logging.WARNING], [r.getMessage() for r in _records(caplog)]

@@ -85,3 +85,50 @@ def test_loader_call_fits_the_release_signature(version, make_tree, cli):
 
 
 # -- the patched loader code, executed on CPU torch ------------------------------------
+
+
+# -- the DSpark draft's layers, in spellings no release has -------------------------------------------
+MOE_WITH_BOTH_BIASES = """\
+class DeepseekV4MoE(nn.Module):
+    def __init__(self, config):
+        self.gate.bias_vl = nn.Parameter(torch.empty(8))
+        if config.vision_n_layers > 0:
+            self.gate.e_score_correction_bias = nn.Parameter(torch.empty(8))
+
+
+class DeepseekV4DecoderLayer(nn.Module):
+    pass
+"""
+DRAFT_LOADER = """
+class DSparkDeepseekV4ForCausalLM:
+    def load_weights(self, weights):
+        for name, tensor in weights:
+            if name.endswith(".ffn.gate.bias"):
+                name = name.replace(".ffn.gate.bias", ".ffn.gate.e_score_correction_bias")
+            param = params_dict[name]
+"""
+
+
+@pytest.mark.parametrize(
+    ("imports", "verdict"),
+    [
+        # the target's layer through a re-export of another module: upstream (its MoE has both biases)
+        ("from vllm.models.deepseek_v4.nvidia.layers import DeepseekV4DecoderLayer\n", "upstream"),
+        # a layer class of the draft's own, named as the target's: its MoE is not the target's, so no evidence
+        ("class DeepseekV4DecoderLayer:\n    pass\n", "pending"),
+    ],
+    ids=["reexported-target-layer", "own-layer-of-the-same-name"],
+)
+def test_draft_layers_are_found_by_what_they_are(imports, verdict):
+    from patch_dsv4.patch import Context
+    from patch_dsv4.patches.loader_skips import LoaderSkips
+
+    dspark = imports + DRAFT_LOADER
+    texts = {
+        MODEL: MOE_WITH_BOTH_BIASES,
+        "vllm/models/deepseek_v4/nvidia/layers.py": "from .model import DeepseekV4DecoderLayer\n",
+        DSPARK: dspark,
+    }
+    (edit,) = [e for e in LoaderSkips.edits if e.file == DSPARK]
+    outcome = edit.evaluate(Context.from_texts(texts), dspark)
+    assert outcome.verdict.value == verdict, outcome.detail

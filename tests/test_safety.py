@@ -139,6 +139,22 @@ def test_upgrade_over_a_patched_tree(make_tree, cli):
     assert (tree / VL_MODEL).read_bytes() == wheel_file("0.31.0", VL_MODEL)
 
 
+def test_upgrade_to_034_needs_nothing(make_tree, cli):
+    """A Dockerfile that ran `apply && verify` on 0.32.0 keeps working after `pip install -U` to 0.34.0: every
+    default fix is upstream there, the stale state is reported and replaced, nothing is written into vLLM."""
+    tree = make_tree("0.32.0")
+    assert cli("apply", "--site-packages", tree).code == 0
+    _pip_target(tree, "0.34.0")
+    status = cli("status", "--site-packages", tree, "--json")
+    assert status.json()["state"] == "stale"
+    assert {status.verdicts()[p] for p in ("stream-load", "dtype-policy", "loader-skips", "wide-swa")} == {"upstream"}
+    applied = cli("apply", "--site-packages", tree, "--json")
+    assert applied.code == 0, applied.stderr
+    assert applied.json()["changed_files"] == []
+    assert cli("verify", "--site-packages", tree).code == 0
+    assert (tree / VL_MODEL).read_bytes() == wheel_file("0.34.0", VL_MODEL)
+
+
 def test_reinstall_of_the_same_release_makes_state_stale(make_tree, cli):
     tree = make_tree("0.30.0")
     assert cli("apply", "--site-packages", tree).code == 0
