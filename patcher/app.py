@@ -356,6 +356,10 @@ def _release_target(vllm_version, wheel, source, flashinfer_version, cache_dir, 
     path, how = rt.fetch_wheel(vllm_version, cache_dir, pip_options or (), progress=_say)
     target = rt.open_wheel(path, flashinfer_version)
     target.notes.insert(0, f"wheel {path.name} {how}")
+    if target.flashinfer_source == "pinned" and target.flashinfer_version and not target.flashinfer_given:
+        # drift fetches with pip anyway: say whether a user can install the pin the verdicts rest on
+        target.flashinfer_pin_served, note = rt.flashinfer_pin_served(target.flashinfer_version, pip_options or ())
+        target.notes.append(note)
     return target
 
 

@@ -174,7 +174,8 @@ class Follower:
 
     # -- modules ---------------------------------------------------------------
     def module_file(self, module: str) -> str | None:
-        if module.partition(".")[0] != "vllm":  # torch, typing, abc...: not in the tree, never read (nor recorded)
+        """The file of a vLLM module; None for another package's (torch, abc...: never read, not vLLM's code)."""
+        if module != "vllm" and not module.startswith("vllm."):
             return None
         base = module.replace(".", "/")
         for candidate in (f"{base}.py", f"{base}/__init__.py"):
@@ -200,12 +201,11 @@ class Follower:
         file = self.module_file(module)
         tree = self.ctx.ast(file) if file else None
         if tree is None:
-            sub = self._module(f"{module}.{name}")
-            return [sub] if sub else []
+            return []
         found: list[Definition] = []
         for stmt in _blocks(tree.body):
             found += self._bound_by(stmt, module, file, name, seen)
-        if not found:  # a submodule of a package
+        if not found and file.endswith("/__init__.py"):  # a submodule of a package
             sub = self._module(f"{module}.{name}")
             if sub is not None:
                 found.append(sub)

@@ -70,11 +70,15 @@ class Context:
         read_flashinfer_bytes: Callable[[str], bytes | None] = lambda _relpath: None,
         check_installed: Callable[[str, bytes | None], str | None] = lambda _relpath, _data: None,
         flashinfer_given: bool = False,
+        flashinfer_pin_served: bool | None = None,
     ) -> None:
         self.vllm_version = vllm_version
         self.flashinfer_version = flashinfer_version
         self.flashinfer_source = flashinfer_source
         self.flashinfer_given = flashinfer_given  # drift --flashinfer-version named it (judged as a pin)
+        # whether pip's index serves the pinned FlashInfer: asked only where the command may use the network
+        # (drift --vllm-version); None: not checked (status, apply, verify stay offline)
+        self.flashinfer_pin_served = flashinfer_pin_served
         self._read_bytes = read_bytes
         self._read_flashinfer_bytes = read_flashinfer_bytes
         self._check_installed = check_installed

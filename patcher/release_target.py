@@ -53,6 +53,7 @@ class ReleaseTarget:
     read_flashinfer_bytes: Callable[[str], bytes | None] = lambda _relpath: None
     notes: list[str] = field(default_factory=list)  # what was chosen, and from where
     flashinfer_given: bool = False  # --flashinfer-version replaced the release's own
+    flashinfer_pin_served: bool | None = None  # pip's index serves the pin (None: not asked)
     package_files: Callable[[], list[str]] = lambda: []  # the DeepSeek-V4 package's Python files
     _close: Callable[[], None] = lambda: None
 
@@ -64,6 +65,7 @@ class ReleaseTarget:
             read_bytes=self.read_bytes,
             read_flashinfer_bytes=self.read_flashinfer_bytes,
             flashinfer_given=self.flashinfer_given,
+            flashinfer_pin_served=self.flashinfer_pin_served,
         )
 
     def close(self) -> None:
@@ -335,6 +337,33 @@ def fetch_wheel(
     if progress is not None:
         progress(f"fetched {hit.name} ({hit.stat().st_size / 1e6:.0f} MB) in {time.monotonic() - started:.0f} s")
     return hit, f"downloaded with pip into {cache_dir}"
+
+
+def flashinfer_pin_served(version: str, pip_options: Sequence[str] = ()) -> tuple[bool | None, str]:
+    """Whether pip's configured index serves ``flashinfer-python==version`` (None: pip could not say), and a note.
+
+    Asks ``pip index versions`` (the release list only, nothing downloaded); only drift --vllm-version, which
+    fetches with pip anyway, calls it.
+    """
+    extra = [arg for option in pip_options for arg in shlex.split(option)]
+    command = [sys.executable, "-m", "pip", "index", "versions", "flashinfer-python", "--disable-pip-version-check"]
+    try:
+        proc = subprocess.run([*command, *extra], capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return None, f"FlashInfer {version}: pip's index could not be asked ({exc})"
+    listed = next((line for line in proc.stdout.splitlines() if line.startswith("Available versions:")), None)
+    if proc.returncode != 0 or listed is None:
+        return None, f"FlashInfer {version}: pip's index could not be asked (pip index versions flashinfer-python)"
+    served = [v.strip() for v in listed.split(":", 1)[1].split(",")]
+    try:
+        wanted = Version(version)
+        found = any(Version(v) == wanted for v in served if v)
+    except InvalidVersion:
+        found = version in served
+    if found:
+        return True, f"FlashInfer {version}, the pin, is on pip's index"
+    near = ", ".join(served[:3])
+    return False, f"FlashInfer {version}, the pin, is not on pip's index (it serves {near}, ...)"
 
 
 def _pass_through(source, terminal) -> bytes:

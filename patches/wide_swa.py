@@ -457,7 +457,13 @@ def flashinfer_row_limit(ctx: Context) -> tuple[bool, str]:
     elif ctx.flashinfer_given:
         where = f"FlashInfer {version}, as given (--flashinfer-version)"
     elif ctx.flashinfer_source == "pinned":
-        where = f"FlashInfer {version}, pinned by vLLM {ctx.vllm_version}"
+        where = f"FlashInfer {version}, pinned by vLLM {ctx.vllm_version} (none installed: the verdict rests on the pin"
+        if ctx.flashinfer_pin_served is None:
+            where += ", not checked against pip's index here; drift --vllm-version checks it)"
+        elif ctx.flashinfer_pin_served:
+            where += ", which pip's index serves)"
+        else:
+            where += ", which pip's index does not serve: a user runs another FlashInfer; install it, then judge it)"
     else:
         return True, "no FlashInfer installed or pinned: the injected code checks the one it finds at run time"
     try:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from patch_dsv4.environment import record_digest
 
-RELEASES = ("0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0")
+RELEASES = ("0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0", "0.34.0")
 PINNED_FLASHINFER = {
     "0.28.0": "0.6.16.post3",
     "0.29.0": "0.6.18",
@@ -29,7 +29,11 @@ PINNED_FLASHINFER = {
     "0.31.0": "0.7.0.post1",
     "0.32.0": "0.7.0.post1",
     "0.33.0": "0.7.2.post1",
+    "0.34.0": "0.7.3",  # not on the index: tests that install a FlashInfer take INSTALLABLE_FLASHINFER
 }
+#: The FlashInfer a test installs beside each release: the pin where the index serves it, else one it does
+#: (0.34.0 is used with 0.7.2.post1, left from 0.33.0, or 0.7.4).
+INSTALLABLE_FLASHINFER = {**PINNED_FLASHINFER, "0.34.0": "0.7.4"}
 DSV4 = "vllm/models/deepseek_v4"
 # Copied for real into each test tree (everything else is hard-linked).
 REAL_COPY = ("vllm/models", "vllm/v1/attention")

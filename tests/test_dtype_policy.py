@@ -6,7 +6,15 @@ import ast
 
 import pytest
 
-from patch_dsv4.patches.dtype_policy import ATTENTION_CLASSES, FLASHINFER, FLASHMLA, O_PROJ
+from patch_dsv4.patch import Context
+from patch_dsv4.patches.dtype_policy import (
+    ATTENTION_CLASSES,
+    FLASHINFER,
+    FLASHMLA,
+    O_PROJ,
+    DtypePolicy,
+    wo_a_dtype_gate,
+)
 from tests.errors import error_lines
 from tests.injected import function_node
 from tests.records import recorded_verdict, releases_needing
@@ -25,7 +33,111 @@ def test_upstream_names_its_evidence(version, make_tree, cli):
         if "deepseek_v4_1/" in edit["file"]:  # V4.1's nightly layout: not in a release
             assert edit["verdict"] == "not-applicable" and "not part of this release" in edit["detail"]
             continue
-        assert O_PROJ in edit["detail"] and "deep_gemm_fp8_o_proj" in edit["detail"], edit
+        assert O_PROJ in edit["detail"] and "deep_gemm_fp8_o_proj runs fp8_einsum only when" in edit["detail"], edit
+        assert "`wo_a.weight.dtype == torch.float8_e4m3fn`" in edit["detail"], edit
+        if version == "0.34.0":  # one hop further: the class wo_a is assigned, its method, an import inside it
+            assert "DeepseekV4GroupedWoA.grouped_forward" in edit["detail"], edit
+        if "deepseek_v41/" in edit["file"] and version >= "0.31.0":
+            assert "dsv41_o_proj" in edit["detail"], edit
+
+
+def test_dtype_branch_removed_from_a_real_release_is_not_upstream(make_tree, cli):
+    """0.34.0 with the op's dtype test gone: fp8_einsum runs for any wo_a, and the 0.28 anchor is not there."""
+    tree = make_tree("0.34.0")
+    path = tree / O_PROJ
+    text = path.read_text()
+    old = "use_fp8 = wo_a.weight.dtype == torch.float8_e4m3fn"
+    assert text.count(old) == 1
+    hand_edit(path, text.replace(old, "use_fp8 = True"))
+    rewrite_record(tree, [O_PROJ])
+    patch = cli("status", "--site-packages", tree, "--json").patch("dtype-policy")
+    assert patch["verdict"] == "drifted"
+    assert {e["verdict"] for e in patch["edits"] if "deepseek_v4_1/" not in e["file"]} == {"drifted"}
+
+
+# -- shapes no release has ------------------------------------------------------------------------
+GROUPED = "vllm/models/deepseek_v4/common/grouped.py"
+OPS = "vllm/models/deepseek_v4/common/ops/gemm.py"
+ATTENTION = "vllm/models/deepseek_v4/attention.py"
+FLASHMLA_CLASS = """\
+from vllm.models.deepseek_v4.attention import DeepseekV4Attention
+
+
+class DeepseekV4FlashMLAAttention(DeepseekV4Attention):
+    def _o_proj(self, o, positions):
+        z = self.wo_a.project(o, positions)
+        return self.wo_b(z)
+"""
+ATTENTION_CLASS = """\
+from vllm.models.deepseek_v4.common import grouped
+
+
+class DeepseekV4Attention:
+    def __init__(self, config):
+        projection = grouped.GroupedWoA if config.grouped else grouped.PlainWoA
+        self.wo_a = projection(config)
+"""
+GROUPED_CLASSES = """\
+class GroupedWoA:
+    def project(self, o, positions):
+        from vllm.models.deepseek_v4.common.ops.gemm import grouped_gemm
+
+        return grouped_gemm(o, layer_wo_a=self)
+
+
+class PlainWoA(GroupedWoA):
+    pass
+"""
+GATED = """\
+def grouped_gemm(o, *, layer_wo_a):
+    weight = getattr(layer_wo_a, "weight", None)
+    if weight is not None and weight.dtype == torch.float8_e4m3fn:
+        return fp8_einsum("bhr,hdr->bhd", o, layer_wo_a.weight)
+    return torch.bmm(o, layer_wo_a.weight)
+"""
+#: name -> (the op module, verdict)
+O_PROJ_SHAPES = {
+    # the fix in another spelling: attribute class picked by a conditional expression through a module attribute,
+    # a function-level import, a keyword argument, the dtype read through getattr
+    "fix-through-a-conditional-class-pick-and-a-function-import": (GATED, "upstream"),
+    # the dtype branch missing
+    "fp8-gemm-whatever-the-dtype": (
+        'def grouped_gemm(o, *, layer_wo_a):\n    return fp8_einsum("x", o, 1)\n',
+        "drifted",
+    ),
+    # a dtype test that decides nothing (computed, never branched on)
+    "dtype-tested-but-not-branched-on": (
+        "def grouped_gemm(o, *, layer_wo_a):\n"
+        "    is_fp8 = layer_wo_a.weight.dtype == torch.float8_e4m3fn\n"
+        '    return fp8_einsum("x", o, layer_wo_a.weight)\n',
+        "drifted",
+    ),
+    # the branch tests another tensor's dtype (the activation's)
+    "branch-on-the-activation-dtype": (
+        "def grouped_gemm(o, *, layer_wo_a):\n"
+        "    if o.dtype == torch.float8_e4m3fn:\n"
+        '        return fp8_einsum("x", o, layer_wo_a.weight)\n'
+        "    return torch.bmm(o, layer_wo_a.weight)\n",
+        "drifted",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(O_PROJ_SHAPES))
+def test_o_proj_shapes_no_release_has(name):
+    op, verdict = O_PROJ_SHAPES[name]
+    package = "vllm/models/deepseek_v4/common/__init__.py"
+    texts = {FLASHMLA: FLASHMLA_CLASS, ATTENTION: ATTENTION_CLASS, package: "", GROUPED: GROUPED_CLASSES, OPS: op}
+    (edit,) = [e for e in DtypePolicy.edits if e.file == FLASHMLA and e.scope.cls == "DeepseekV4FlashMLAAttention"]
+    ctx = Context.from_texts(texts)
+    outcome = edit.evaluate(ctx, FLASHMLA_CLASS)
+    assert outcome.verdict.value == verdict, outcome.detail
+    evidence, seen = wo_a_dtype_gate(ctx, FLASHMLA, "DeepseekV4FlashMLAAttention")
+    if verdict == "upstream":
+        assert f"{OPS}: grouped_gemm runs fp8_einsum only when" in evidence
+        assert "through GroupedWoA.project" in evidence
+    else:
+        assert evidence is None and "calls fp8_einsum" in seen and "whatever wo_a's dtype" in seen, seen
 
 
 @pytest.mark.parametrize("reformatted", [False, True], ids=["pristine", "reformatted"])

@@ -40,12 +40,14 @@ def project(o, wo_a):
     return o
 """,
     f"{PKG}/attention.py": """\
+from abc import ABC
+
 from .common import GroupedWoA
 from . import ops
 from .common.woa import Linear
 
 
-class Base:
+class Base(ABC):
     def __init__(self, cpu):
         kind = Linear if cpu else GroupedWoA
         self.wo_a = kind(1, 2)
@@ -103,7 +105,7 @@ def test_walk_follows_methods_function_imports_modules_and_module_calls(follower
     assert f"{PKG}/ops.py:project:1" in via.evidence()
 
 
-def test_follower_reads_each_file_once_through_the_context():
+def test_follower_reads_each_file_once_and_only_vllm_files():
     reads: list[str] = []
 
     def read(rel):
@@ -114,3 +116,4 @@ def test_follower_reads_each_file_once_through_the_context():
     start = follower.function(f"{PKG}/attention.py", "Attention", "_o_proj")
     list(follower.walk(follower.frame(start), 3))
     assert len(reads) == len(set(reads))
+    assert all(rel.startswith("vllm/") for rel in reads), reads  # abc (a base class) is not vLLM's: never read

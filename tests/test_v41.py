@@ -1,4 +1,4 @@
-"""DeepSeek-V4.1 on the real releases 0.30.0-0.33.0, in the release layout (``deepseek_v41/``) and the nightly
+"""DeepSeek-V4.1 on the real releases 0.30.0-0.34.0, in the release layout (``deepseek_v41/``) and the nightly
 one (``deepseek_v4_1/``, built by tests/v41_trees.py): each V4.1 edit's verdict before apply, apply, verify, a
 second apply that changes nothing, revert byte for byte; V4's edits keep the verdicts anchors/ records."""
 
@@ -12,16 +12,16 @@ from tests.v41_trees import NIGHTLY_PACKAGE, RELEASE_PACKAGE, nightly_layout
 
 #: (patch, V4.1 file relative to its package) -> verdict per release, as the code of each release earns it.
 EXPECTED = {
-    ("stream-load", "nvidia/vl_model.py"): ("pending", "pending", "pending", "upstream"),
-    ("stream-load", "amd/vl_model.py"): ("pending", "pending", "pending", "upstream"),
-    ("aux-streams", "nvidia/model.py"): ("pending", "pending", "pending", "pending"),
-    ("wide-swa", "nvidia/flashinfer_sparse.py"): ("pending", "not-applicable", "not-applicable", "not-applicable"),
-    ("dtype-policy", "nvidia/flashinfer_sparse.py"): ("upstream",) * 4,
-    ("dtype-policy", "nvidia/flashmla.py"): ("upstream",) * 4,
-    ("loader-skips", "nvidia/model.py"): ("upstream",) * 4,
-    ("exl3-wo-a-slices", "nvidia/model.py"): ("pending",) * 4,
+    ("stream-load", "nvidia/vl_model.py"): ("pending", "pending", "pending", "upstream", "upstream"),
+    ("stream-load", "amd/vl_model.py"): ("pending", "pending", "pending", "upstream", "upstream"),
+    ("aux-streams", "nvidia/model.py"): ("pending",) * 5,
+    ("wide-swa", "nvidia/flashinfer_sparse.py"): ("pending",) + ("not-applicable",) * 4,
+    ("dtype-policy", "nvidia/flashinfer_sparse.py"): ("upstream",) * 5,
+    ("dtype-policy", "nvidia/flashmla.py"): ("upstream",) * 5,
+    ("loader-skips", "nvidia/model.py"): ("upstream",) * 5,
+    ("exl3-wo-a-slices", "nvidia/model.py"): ("pending",) * 5,
 }
-VERSIONS = ("0.30.0", "0.31.0", "0.32.0", "0.33.0")
+VERSIONS = ("0.30.0", "0.31.0", "0.32.0", "0.33.0", "0.34.0")
 
 
 def _edits(document: dict, package: str) -> dict[tuple[str, str], set[str]]:

@@ -41,6 +41,8 @@ def test_evidence_names_the_flashinfer_it_judged(version, make_tree, cli):
     assert patch["verdict"] == recorded_verdict(version, "wide-swa")
     if patch["verdict"] == "upstream":
         assert "fixed in FlashInfer 0.7.0" in patch["detail"] and PINNED_FLASHINFER[version] in patch["detail"]
+    if patch["verdict"] == "upstream":  # status stays offline: the pin is not looked up
+        assert "none installed: the verdict rests on the pin, not checked against pip's index" in patch["detail"]
     if patch["verdict"] == "not-applicable":
         assert "prefill_index_width" in patch["detail"]
 
@@ -53,6 +55,9 @@ def test_evidence_names_the_flashinfer_it_judged(version, make_tree, cli):
         ("0.30.0", "0.7.2.post1", "upstream"),
         ("0.31.0", "0.6.18.post1", "pending"),
         ("0.33.0", "0.6.16.post3", "pending"),
+        # 0.34.0 pins 0.7.3, which the index does not serve: users run 0.7.2.post1 (left from 0.33.0) or 0.7.4
+        ("0.34.0", "0.7.2.post1", "upstream"),
+        ("0.34.0", "0.7.4", "upstream"),
     ],
 )
 def test_verdict_with_installed_flashinfer(version, flashinfer, expected, make_tree, cli):
@@ -267,3 +272,31 @@ def test_gate(tokens, width, extra, expected, fake_flashinfer):
     takes = _gate()
     q, idx = _Shape(tokens, 64, 512), _Shape(tokens, 1, width)
     assert takes(q, idx, _Shape(tokens, 512) if extra else None) is expected
+
+
+@pytest.mark.parametrize(
+    ("listed", "served", "said"),
+    [
+        ("Available versions: 0.7.4, 0.7.2.post1, 0.7.2", False, "the pin, is not on pip's index (it serves 0.7.4"),
+        ("Available versions: 0.7.4, 0.7.3, 0.7.2.post1", True, "the pin, is on pip's index"),
+        (None, None, "could not be asked"),
+    ],
+)
+def test_drift_asks_pip_whether_the_pin_is_served(listed, served, said, monkeypatch):
+    """drift --vllm-version asks pip's index (``pip index versions``) whether a user can install the pin."""
+    import subprocess
+
+    from patch_dsv4 import release_target
+
+    asked = []
+
+    def run(command, **_kw):
+        asked.append(command)
+        out = f"flashinfer-python (0.7.4)\n{listed}\n" if listed else ""
+        return subprocess.CompletedProcess(command, 0 if listed else 1, out, "")
+
+    monkeypatch.setattr(release_target.subprocess, "run", run)
+    found, note = release_target.flashinfer_pin_served("0.7.3", ["--index-url=https://example.invalid/simple"])
+    assert found is served and said in note
+
+    assert asked[0][3:6] == ["index", "versions", "flashinfer-python"]
