@@ -170,6 +170,11 @@ SHAPES = {
         D.COMPRESSOR,
         [(KV_READ, "        return self.quant_method.apply(self, input_, None).float()\n")],
     ),
+    # the class drops its forward: nn.Module calls the base's, ColumnParallelLinear.forward, which dispatches
+    "forward-inherited": (
+        D.COMPRESSOR,
+        [("    def forward(self, input_: torch.Tensor) -> torch.Tensor:\n" + KV_READ, "")],
+    ),
     # the closure no longer calls the module nor reads the weight: the old shape is gone, nothing is found
     "closure-calls-something-else": (
         D.ATTENTION,
@@ -208,12 +213,17 @@ def test_a_forward_that_reads_weight_through_a_call_is_not_upstream(shape, make_
     assert refused.code == 1
 
 
-def test_a_forward_that_dispatches_to_the_quant_method_is_upstream(make_tree, cli):
-    tree = _shaped(make_tree, "forward-dispatches")
+@pytest.mark.parametrize("shape", ["forward-dispatches", "forward-inherited"])
+def test_a_forward_that_dispatches_to_the_quant_method_is_upstream(shape, make_tree, cli):
+    tree = _shaped(make_tree, shape)
     edits = _edits(cli, tree)
     assert edits[KV_CLASS]["verdict"] == "upstream"
     assert "DeepseekV4CompressorKVScoreLinear.forward reads no .weight" in edits[KV_CLASS]["detail"]
-    assert "compressor.py:DeepseekV4CompressorKVScoreLinear.forward" in edits[KV_CLASS]["detail"]
+    where = {
+        "forward-dispatches": "compressor.py:DeepseekV4CompressorKVScoreLinear.forward",
+        "forward-inherited": "linear.py:ColumnParallelLinear.forward",
+    }
+    assert where[shape] in edits[KV_CLASS]["detail"]
     for closure in CLOSURES:  # both classes the compressor may build (CPU's and the GPUs') dispatch
         assert edits[closure]["verdict"] == "upstream", edits[closure]["detail"]
         assert "linear.py:ColumnParallelLinear.forward" in edits[closure]["detail"]
