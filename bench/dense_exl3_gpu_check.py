@@ -6,21 +6,27 @@ on the real DeepSeek-V4-Flash shapes at TP 8 (nothing scaled down):
 - wo_a, one group per rank: 8 heads x 512 = 4096 in, o_lora_rank 1024 out (attention output bf16, rope 64);
 - the attention compressor's wkv / wgate (compress ratio 4): 4096 in, 2 x 512 = 1024 out each;
 - the indexer compressor's wkv / wgate: 4096 in, 2 x 128 = 256 out each.
+The scores run as each release calls them: the closures of 0.28.0-0.33.0, and 0.34.0's
+DeepseekV4CompressorKVScoreLinear.forward (called as the module), with its fallback for a layer with a BF16 shard
+(the plugin's quant_method.apply, called once, the forward never entered again).
 Each path the helpers take runs: without `vllm_exl3.exl3` (LinearEXL3.forward(x, {}, out_dtype=float32)) and with
 a stand-in `vllm_exl3.exl3._dense_forward` that follows vllm-exl3's documented dispatch (rows 17-144 through
 exllamav3's reconstruct path, other rows through exllamav3's own dispatch, float32 out). Every output is compared
 with a float64 reference computed from the same linear's dequantized weight (exllamav3's reconstruct, then its
 Hadamard and sign transforms, get_weight_tensor without the fp16 rounding); the tolerance comes from exllamav3's
-own forward against that reference. vLLM's inverse RoPE is its Triton kernel, taken from the 0.33.0 wheel's source.
+own forward against that reference. vLLM's inverse RoPE is its Triton kernel, taken from the 0.34.0 wheel's source
+(the same as 0.33.0's).
 
     python bench/dense_exl3_gpu_check.py prepare DIR/prep  # here: helpers, statements, vLLM's RoPE kernel
-    bash DIR/dense_exl3_gpu_run.sh DIR                     # there: install, build 1.6.5 and 1.4.5, run both
+    bash DIR/dense_exl3_gpu_run.sh DIR                     # there: install, build, check, the capture hazard
     python3 bench/dense_exl3_gpu_check.py run DIR/prep     # one version (PYTHONPATH selects the exllamav3)
     python3 bench/dense_exl3_gpu_check.py hazard DIR/prep N  # capture a never-run 6-bit wo_a at N rows
 
-DIR also holds this script, bench/dense_exl3_gpu_run.sh and DIR/whl: exllamav3 1.6.5 and 1.4.5 and the packages
-the device lacks (pydantic, pydantic-core, annotated-types, typing-inspection, typing-extensions, llguidance,
-marisa-trie), fetched with pip download for manylinux x86_64, CPython 3.12 (about 12 MB).
+DIR also holds this script, bench/dense_exl3_gpu_run.sh and DIR/whl: the exllamav3 wheels to check and the
+packages the device lacks (pydantic, pydantic-core, annotated-types, typing-inspection, typing-extensions,
+llguidance, marisa-trie), fetched with pip download for manylinux x86_64, CPython 3.12 (about 11 MB with one
+exllamav3). On the device the tree is the session's main checkout: DIR is a folder of it that .git/info/exclude
+ignores, named in the run's carry.
 
 Measured on 2026-12-02, one H200 (torch 2.11.0+cu130, nvcc 13.0), TORCH_CUDA_ARCH_LIST=9.0: the builds took 452 s
 (1.6.5, MAX_JOBS=10) and 420 s (1.4.5, MAX_JOBS=6) side by side; quantizing the five linears took 4-5 s per bit
@@ -30,12 +36,28 @@ wgate, bitwise equal to the plain forward without the plugin, and with it within
 (3e-4 to 5e-4; that run measured it on another random input); each rank's wo_a slice loaded the group it reads;
 graph capture after warm-up at 1, 2, 4 and 8 rows replayed new inputs bitwise equal to eager. A first hazard run
 (3 bits, 8 rows) took exllamav3's GEMV (K 2-4, up to 8 rows), which has no autotuner, so it did not exercise the
-autotuner inside a capture. The 6-bit probe (this `hazard` mode, 1 and 16 rows, a fresh process each, same day)
-does, and it kills the process on both versions, so no HAZARD line is printed: 1.6.5 segfaults in
-LinearEXL3.forward (exllamav3/modules/quant/exl3.py:142) called from _patch_dsv4_exl3_o_proj inside the capture;
-1.4.5 stops on "GPU assert: operation not permitted when stream is capturing" (quant/coop_autotune.cu:464). So a
-6-bit EXL3 linear must run eagerly at each captured size before the capture (vLLM's warm-up runs before it
-captures do this); the run script records each probe's exit status and last lines.
+autotuner inside a capture.
+
+Measured on 2026-12-03, one H200 (the same software), exllamav3 1.6.5 only: all 386 checks passed (the 248 above
+and the 0.34.0 forward: 72 on the EXL3 shards, bitwise equal to the plain forward without the plugin and at its
+own error with it, 4.6e-4 to 5.0e-4; 18 through the fallback, equal to the plugin's apply and never re-entering
+the forward; 48 graph captures after warm-up, replay bitwise equal to eager). The check itself ran in 33 s; the
+whole device call (install, build with 16 jobs, check, six hazard processes) in 308 s.
+
+The capture hazard (this `hazard` mode: a fresh process captures a 6-bit wo_a it never ran, at 1 and 16 rows)
+holds exactly when exllamav3's autotuner has no record for that GEMM: not in the process (an eager call at the
+size tunes it) and not in its disk cache (EXLLAMAV3_TUNE_CACHE, by default
+~/.cache/exllamav3/autotune/coop_autotune_v1.bin; the key is the row bucket, the shape, K, the codebook, fp32
+output and the device). With an empty cache file the process dies at both sizes: 1.6.5 segfaults in
+LinearEXL3.forward (exllamav3/modules/quant/exl3.py:142) called from _patch_dsv4_exl3_o_proj inside the capture
+(2026-12-02 and 2026-12-03); 1.4.5 stops on "GPU assert: operation not permitted when stream is capturing"
+(quant/coop_autotune.cu:464, 2026-12-02). Having run the check on the same machine does not help (a new empty
+cache file after it: the same segfault at both sizes); the check's own cache file (592 bytes) does: both sizes
+captured and replayed bitwise equal to eager (rel err 2.4e-3, 2.6e-3). The 2026-12-02 rerun that captured both
+had the check's records in the default cache file. So a 6-bit EXL3 linear must run eagerly at each captured size
+before the capture (vLLM's warm-up runs before it captures do this), or find its records in the tune cache (a
+cache made on another GPU model or device index does not match); the run script records each probe's exit status, last
+lines and cache file size.
 """
 
 import ast
@@ -53,7 +75,7 @@ HERE = sys.argv[2] if len(sys.argv) > 2 else "."
 OUT = os.environ.get("OUT", ".")
 DEV = "cuda"
 ROPE_MODULE = "vllm.v1.attention.ops.rocm_aiter_mla_sparse"
-ROPE_SOURCE = ("0.33.0", "vllm/v1/attention/ops/rocm_aiter_mla_sparse.py")
+ROPE_SOURCE = ("0.34.0", "vllm/v1/attention/ops/rocm_aiter_mla_sparse.py")  # the kernel is 0.33.0's, unchanged
 
 # DeepSeek-V4-Flash at TP 8 (tests/doctor/synthetic.py FULL): 64 heads of 512 (rope 64) in 8 wo_a groups.
 HIDDEN, HEAD_DIM, ROPE, RANK, LOCAL_HEADS, PADDED_HEADS, GROUPS = 4096, 512, 64, 1024, 8, 64, 8
@@ -87,6 +109,7 @@ def prepare(directory: str) -> None:
     statements = {
         "o_proj": {v.releases: v.replacement for v in dense_exl3.O_PROJ_VARIANTS},
         "scores": {e.label: e.variants[0].replacement for e in score_edits},
+        "kv_score_linear": dense_exl3.KV_SCORE_VARIANT.replacement,  # 0.34.0: the projection class's forward
         "slices": exl3_wo_a_slices.REPLACEMENT,
         "slices_anchor": exl3_wo_a_slices.ANCHOR,
     }
@@ -353,6 +376,126 @@ def check_scores(ns, statements, pair, dense_pair, bits, kind, rows_list, result
                         )
 
 
+# -- the compressor's projection class on 0.34.0 (dense-exl3 F, DeepseekV4CompressorKVScoreLinear.forward) -------
+class KVScoreLinear(types.SimpleNamespace):
+    """The projection module as vllm-exl3 leaves it (``_exl3_linears``, no ``.weight``), its forward the patched
+    0.34.0 body; calling the module runs that forward, so a fallback that called the module would be seen."""
+
+    def __call__(self, input_):
+        self.calls_into_forward += 1
+        return self.patched_forward(self, input_)
+
+
+def kv_score_module(ns, statements, linears, quant_apply=None):
+    forward = body(statements["kv_score_linear"], {**ns, "torch": torch}, "self", "input_")
+    module = KVScoreLinear(_exl3_linears=list(linears), patched_forward=forward, calls_into_forward=0)
+    if quant_apply is not None:
+        module.quant_method = types.SimpleNamespace(apply=quant_apply)
+    return module
+
+
+def check_kv_score_linear(ns, statements, pair, dense_pair, bits, kind, rows_list, results):
+    """The patched forward on the EXL3 shards (both paths), and its fallback for a layer with a BF16 shard: the
+    plugin's quant_method.apply, called once and directly (the module's forward is never entered again)."""
+    wkv = pair[0]
+    width = wkv.out_features
+    shape = f"{HIDDEN}->{width}x2"
+    for path, context in PATHS.items():
+        for rows in rows_list:
+            with failure(results, bits, shape, f"{kind} kv_score_linear 0.34.0", path, rows):
+                module = kv_score_module(ns, statements, pair)
+                hidden = torch.randn(rows, HIDDEN, device=DEV).to(torch.bfloat16)
+                x = hidden.half()
+                own = max(own_error(lin, dense, x) for lin, dense in zip(pair, dense_pair, strict=True))
+                tol = 1.1 * own + 1e-5
+                plain = torch.cat([lin.forward(x, {}, out_dtype=torch.float32) for lin in pair], dim=-1)
+                with context() as plugin:
+                    out = module(hidden)
+                ref_kv, ref_gate = (x.double() @ d for d in dense_pair)
+                err = max(rel(out[:, :width], ref_kv), rel(out[:, width:], ref_gate))
+                swapped = rel(out[:, :width], ref_gate) if ref_gate.shape == ref_kv.shape else float("inf")
+                ok = out.dtype == torch.float32 and out.shape == (rows, 2 * width) and err <= tol and swapped > 0.5
+                ok = ok and module.calls_into_forward == 1
+                if path == "forward":
+                    same = torch.equal(out, plain)
+                    note, ok = ("bitwise = plain forward" if same else "differs from plain forward"), ok and same
+                else:
+                    note, ok = "2 _dense_forward calls", ok and plugin.calls == 2
+                results.append(row(bits, shape, f"{kind} kv_score_linear 0.34.0", path, rows, err, own, tol, ok, note))
+    # a BF16 wgate beside the EXL3 wkv: the plugin's own apply (a stand-in: EXL3 wkv, dense bf16 wgate, bf16 out)
+    w_gate = (dense_pair[1].T.contiguous()).to(torch.bfloat16)
+    applied = []
+
+    def quant_apply(layer, input_, bias):
+        applied.append((layer, bias))
+        kv = wkv.forward(input_.half().contiguous(), {}, out_dtype=torch.float32)
+        return torch.cat([kv, input_.float() @ w_gate.float().T], dim=-1).to(torch.bfloat16)
+
+    for rows in (1, 16, 200):
+        with failure(results, bits, shape, f"{kind} kv_score_linear fallback", "quant_method.apply", rows):
+            module = kv_score_module(ns, statements, [wkv, None], quant_apply)
+            applied.clear()
+            hidden = torch.randn(rows, HIDDEN, device=DEV).to(torch.bfloat16)
+            out = module(hidden)
+            x = hidden.double()
+            ref = torch.cat([x @ dense_pair[0], x @ w_gate.double().T], dim=-1)
+            err = rel(out, ref)
+            direct = quant_apply(module, hidden, None)  # what the plugin's apply returns, called here
+            applied.pop()
+            own = rel(direct, ref)
+            tol = 1.1 * own + 1e-4
+            ok = out.dtype == torch.float32 and torch.equal(out, direct.to(torch.float32)) and err <= tol
+            ok = ok and module.calls_into_forward == 1
+            ok = ok and len(applied) == 1 and applied[0][0] is module and applied[0][1] is None
+            note = f"quant_method.apply called {len(applied)}x, forward entered {module.calls_into_forward}x"
+            results.append(
+                row(
+                    bits, shape, f"{kind} kv_score_linear fallback", "quant_method.apply", rows, err, own, tol, ok, note
+                )
+            )
+
+
+def check_kv_score_graph(ns, statements, pair, bits, kind, results):
+    """The patched 0.34.0 forward captured after warm-up, as vLLM captures the compressor's projection."""
+    for path, context in PATHS.items():
+        for rows in GRAPH_ROWS:
+            with context():
+                module = kv_score_module(ns, statements, pair)
+                hidden = torch.randn(rows, HIDDEN, device=DEV).to(torch.bfloat16)
+                try:
+                    stream = torch.cuda.Stream()
+                    stream.wait_stream(torch.cuda.current_stream())
+                    with torch.cuda.stream(stream):
+                        for _ in range(3):
+                            module(hidden)
+                    torch.cuda.current_stream().wait_stream(stream)
+                    torch.cuda.synchronize()
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph):
+                        static_out = module(hidden)
+                    same = True
+                    for _ in range(3):
+                        hidden.copy_(torch.randn_like(hidden, dtype=torch.float32).to(torch.bfloat16))
+                        graph.replay()
+                        torch.cuda.synchronize()
+                        same = same and torch.equal(static_out, module(hidden))
+                    result, ok = f"replay == eager: {same}", same
+                except Exception as exc:  # noqa: BLE001 - what the capture does is the result
+                    result, ok = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}", False
+                results.append(
+                    {
+                        "exllamav3": VERSION,
+                        "bits": bits,
+                        "helper": f"{kind} kv_score_linear graph",
+                        "shape": f"{HIDDEN}->{pair[0].out_features}x2",
+                        "path": path,
+                        "rows": rows,
+                        "graph": result,
+                        "ok": ok,
+                    }
+                )
+
+
 # -- CUDA graph ---------------------------------------------------------------------------------------------------
 def check_graph(ns, statements, linear, dense, bits, cache, results):
     (tail, *_) = [
@@ -401,12 +544,24 @@ def check_graph(ns, statements, linear, dense, bits, cache, results):
                 )
 
 
+def tune_cache():
+    """exllamav3's autotuner disk cache as this process finds it (coop_autotune.cu disk_cache_path): path, bytes."""
+    path = os.environ.get("EXLLAMAV3_TUNE_CACHE") or ""
+    if not path:
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        path = os.path.join(base, "exllamav3", "autotune", "coop_autotune_v1.bin")
+    elif os.path.isdir(path):
+        path = os.path.join(path, "coop_autotune_v1.bin")
+    return {"path": path, "bytes": os.path.getsize(path) if os.path.exists(path) else None}
+
+
 def hazard(rows):
-    """A fresh process (the autotuner's memory is empty): capture the O projection of a 6-bit wo_a at ``rows`` rows
-    with no eager call of that linear before. exllamav3's GEMV takes K 2-4 only, so K=6 reaches the cooperative GEMM
-    and its autotuner at every row count (1.4.5 and 1.6.5 source), as a Dense6 pack's wo_a would. Inverse RoPE and
-    wo_b are warmed through a 3-bit linear of the same shape at 1 row (GEMV: no autotuner). What happens is the result.
-    The first run (exllamav3 1.4.5 and 1.6.5, 3 bits at 8 rows) went through the GEMV and did not reach the autotuner.
+    """A fresh process (the autotuner's memory is empty; its disk cache is what EXLLAMAV3_TUNE_CACHE names): capture
+    the O projection of a 6-bit wo_a at ``rows`` rows with no eager call of that linear before. exllamav3's GEMV
+    takes K 2-4 only, so K=6 reaches the cooperative GEMM and its autotuner at every row count (1.4.5 and 1.6.5
+    source), as a Dense6 pack's wo_a would. Inverse RoPE and wo_b are warmed through a 3-bit linear of the same shape
+    at 1 row (GEMV: no autotuner). What happens is the result. The first run (exllamav3 1.4.5 and 1.6.5, 3 bits at
+    8 rows) went through the GEMV and did not reach the autotuner.
     """
     ns, statements = setup()
     cache = rope_cache()
@@ -420,7 +575,9 @@ def hazard(rows):
     torch.cuda.synchronize()
     layer = attention_layer(linear, cache, seed=7)
     o_pad, o, positions = attention_output(rows)
-    report = {"exllamav3": VERSION, "bits": 6, "rows": rows, "capture": None, "replay": None}
+    report = {"exllamav3": VERSION, "bits": 6, "rows": rows, "tune_cache": tune_cache(), "capture": None}
+    print("HAZARD-START", json.dumps(report), flush=True)  # a process the capture kills prints no more
+    report["replay"] = None
     try:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
@@ -565,6 +722,8 @@ def run():
         check_o_proj(ns, statements, wo_a, wo_a_dense, bits, cache, ROWS, results)
         for kind, (pair, dense_pair) in pairs.items():
             check_scores(ns, statements, pair, dense_pair, bits, kind, ROWS, results)
+            check_kv_score_linear(ns, statements, pair, dense_pair, bits, kind, ROWS, results)
+            check_kv_score_graph(ns, statements, pair, bits, kind, results)
         check_graph(ns, statements, wo_a, wo_a_dense, bits, cache, results)
     with failure(results, SLICE_BITS, f"{WO_A_IN}->{RANK} x{GROUPS}", "wo_a slice map", "forward", 8):
         check_slices(ns, statements, cache, results)
@@ -593,7 +752,8 @@ def print_table(results):
         print("| " + " | ".join(map(str, cells)) + f" | {'; '.join(sorted(g['notes']))} |")
     for r in results:
         if "graph" in r:
-            cells = (r["exllamav3"], r["bits"], f"{WO_A_IN}->{RANK}", r["helper"], r["path"], r["rows"], "", "")
+            shape = r.get("shape", f"{WO_A_IN}->{RANK}")
+            cells = (r["exllamav3"], r["bits"], shape, r["helper"], r["path"], r["rows"], "", "")
             print("| " + " | ".join(map(str, cells)) + f" | {r['ok']} | {r['graph']} |")
     for r in results:
         if "slice" in r["helper"] and r["note"]:

@@ -404,12 +404,13 @@ class Follower:
         return []
 
     def returned(self, defn: Definition, _depth: int = 0) -> list[Value]:
-        """The instances a function returns, where its ``return`` statements build them (``return X(...)``)."""
+        """The instances a function returns, where its ``return`` statements build them (``return X(...)``), and
+        the classes a factory of classes returns (``return X``: vLLM's ``self._get_indexer_cls(...)(...)``)."""
         frame = self.frame(defn)
         found: list[Value] = []
         for stmt in _function_statements(defn.node):  # type: ignore[arg-type]
             if isinstance(stmt, ast.Return) and isinstance(stmt.value, (ast.Call, ast.Name, ast.IfExp)):
-                found += [v for v in self.values(frame, stmt.value, _depth + 4) if v.instance]
+                found += [v for v in self.values(frame, stmt.value, _depth + 4) if v.instance or v.defn.kind == "class"]
         return _unique_values(found)
 
     def _name(self, frame: Frame, name: str, depth: int) -> list[Value]:

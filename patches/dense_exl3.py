@@ -2,12 +2,13 @@
 
 A pack that quantizes not only the routed experts but also the attention and
 compressor linears with EXL3 (lna-lab/dsv4-carve "D2-K2x3-Dense6", served with
-the vllm-exl3 plugin) needs three things stock vLLM 0.28.0-0.33.0 does not do:
+the vllm-exl3 plugin) needs three things stock vLLM 0.28.0-0.34.0 does not do:
 - `DeepseekCompressor.__init__` (`compressor.py`) builds `fused_wkv_wgate` with
-  `quant_config=None`, so the pack's EXL3 compressor tensors have no parameter:
-  `KeyError` mid-load. The patch passes the quant config only when it is
-  vllm-exl3's and that config declares the compressor EXL3 (its
-  `_matches_non_routed_exl3`); every other pack keeps `None`, as vLLM chose.
+  `quant_config=None` (0.34.0 picks the class first: `kv_score_linear(...)`), so
+  the pack's EXL3 compressor tensors have no parameter: `KeyError` mid-load.
+  The patch passes the quant config only when it is vllm-exl3's and that
+  config declares the compressor EXL3 (its `_matches_non_routed_exl3`); every
+  other pack keeps `None`, as vLLM chose.
 - vllm-exl3 deletes an EXL3 linear's `.weight` once it has built its
   `LinearEXL3` objects (`_exl3_linears`), but vLLM's O projections read
   `wo_a.weight` (`deep_gemm_fp8_o_proj`, `rocm_inv_rope_einsum`) and the
@@ -16,7 +17,17 @@ the vllm-exl3 plugin) needs three things stock vLLM 0.28.0-0.33.0 does not do:
   NVIDIA attention class inherits it) sends a `wo_a` with EXL3 linears through
   inverse RoPE, the rank-local `LinearEXL3` and `wo_b`; the two score closures
   of `_run_parallel_input_projections` run the EXL3 shards (wkv, then wgate).
-  A module without EXL3 linears runs vLLM's own statement, unchanged.
+  In 0.34.0 the closures call the module and the read moved into its class:
+  `DeepseekV4CompressorKVScoreLinear.forward` (`compressor.py`) returns
+  `torch.mm(input_, self.weight.T, ...)`. One edit there serves the attention's
+  and the indexer's compressors (and V4.1's, which builds the same class); for
+  a layer with a BF16 shard or padding it calls the plugin's
+  `quant_method.apply` directly, never the module (that would run the patched
+  forward again). A module without EXL3 linears runs vLLM's own statement, unchanged.
+The scores' probes follow the closure's call into the class's forward
+(patcher/follow): `upstream` only when no code on that path reads `.weight` and
+the work is handed to `quant_method.apply`; a closure that no longer reads the
+weight is no fix by itself.
 The O-projection edit sits before the `_o_proj` call, not in `_o_proj`, so it
 composes with dtype-policy (0.28/0.29), which edits `_o_proj` itself: an EXL3
 `wo_a` never reaches it, a BF16 or FP8 one takes it as before. The EXL3 O
@@ -25,7 +36,13 @@ projection needs one `wo_a` group per rank (tensor parallel size = `o_groups`,
 `exl3-wo-a-slices`. Applied only when asked for (`patch-dsv4 apply --with
 dense-exl3`), then kept by later applies.
 
-Not fixed upstream in vLLM 0.28.0-0.33.0 nor in vllm-exl3 (which does not patch vLLM).
+DeepSeek-V4.1 packs are not carried: V4.1's compressor also passes `quant_config=None`
+(`deepseek_v41/compressor.py`), and its specialized decode reads
+`fused_wkv_wgate.weight` itself, so an EXL3 V4.1 compressor still stops at load
+(`KeyError`), never later; its unquantized compressors run vLLM's `torch.mm` through
+the patched forward, unchanged.
+
+Not fixed upstream in vLLM 0.28.0-0.34.0 nor in vllm-exl3 (which does not patch vLLM).
 """
 
 from __future__ import annotations
@@ -33,6 +50,7 @@ from __future__ import annotations
 import ast
 
 from patch_dsv4.edits import ForeignEdit, ReplaceStatements, Variant, injected_names, mentions_injected
+from patch_dsv4.follow import Follower, Frame, Path, calls_in
 from patch_dsv4.patch import Context, Example, Patch, Scope
 from patch_dsv4.verdicts import Outcome, Verdict
 
@@ -126,6 +144,39 @@ def _patch_dsv4_kv_score(module, hidden_states):
     return out.reshape(*hidden_states.shape[:-1], out.shape[-1])
 
 
+def _patch_dsv4_has_exl3_shards(module):
+    """Whether vllm-exl3 built LinearEXL3 objects for this linear (it deletes the linear's .weight once it has).
+
+    Written by patch-dsv4 (dense-exl3).
+    """
+    linears = getattr(module, "_exl3_linears", None)
+    return bool(linears) and any(linear is not None for linear in linears)
+
+
+def _patch_dsv4_exl3_kv_score(module, input_):
+    """An EXL3 fused_wkv_wgate's kv/score projection in float32: its EXL3 shards, wkv then wgate.
+
+    Written by patch-dsv4 (dense-exl3). A layer with a BF16 shard or padding
+    takes the plugin's own quant_method.apply, called directly: calling the
+    module would run the patched forward, and this helper, again.
+    """
+    import sys
+
+    import torch
+
+    linears = module._exl3_linears
+    if any(linear is None for linear in linears) or getattr(module, "_exl3_linear_padded", False):
+        return module.quant_method.apply(module, input_, None).to(torch.float32)  # built with bias=False
+    x = input_.reshape(-1, input_.shape[-1]).to(torch.float16).contiguous()
+    dense_forward = getattr(sys.modules.get("vllm_exl3.exl3"), "_dense_forward", None)
+    if callable(dense_forward):
+        outs = [dense_forward(linear, x) for linear in linears]
+    else:
+        outs = [linear.forward(x, {}, out_dtype=torch.float32) for linear in linears]
+    out = (outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)).to(torch.float32)
+    return out.reshape(*input_.shape[:-1], out.shape[-1])
+
+
 def _patch_dsv4_compressor_kv_score(module, hidden_states):
     """The attention compressor's kv/score projection (see _patch_dsv4_kv_score).
 
@@ -167,6 +218,16 @@ self.fused_wkv_wgate = MergedColumnParallelLinear(
     prefix=f"{prefix}.fused_wkv_wgate",
 )
 """
+
+
+# 0.34.0 picks the class first (`kv_score_linear = MergedColumnParallelLinear if ... else
+# DeepseekV4CompressorKVScoreLinear`), then builds it with the same arguments.
+QUANT_ANCHOR_034 = QUANT_ANCHOR.replace("= MergedColumnParallelLinear(", "= kv_score_linear(")
+QUANT_REPLACEMENT_034 = QUANT_REPLACEMENT.replace("= MergedColumnParallelLinear(", "= kv_score_linear(")
+QUANT_VARIANTS = (
+    Variant(QUANT_ANCHOR, QUANT_REPLACEMENT, releases="0.28.0-0.33.0"),
+    Variant(QUANT_ANCHOR_034, QUANT_REPLACEMENT_034, releases="0.34.0"),
+)
 
 
 def _fused_wkv_wgate_quant_configs(scope: ast.AST) -> list[ast.expr]:
@@ -226,7 +287,7 @@ return self._o_proj({name}, positions)
     )
 
 
-O_PROJ_VARIANTS = (_o_proj_variant("o", "0.28.0-0.30.0"), _o_proj_variant("attn_out", "0.31.0-0.33.0"))
+O_PROJ_VARIANTS = (_o_proj_variant("o", "0.28.0-0.30.0"), _o_proj_variant("attn_out", "0.31.0-0.34.0"))
 O_PROJ_OWN = injected_names(*(v.replacement for v in O_PROJ_VARIANTS))
 
 
@@ -254,13 +315,16 @@ return {helper.__name__}({owner}.fused_wkv_wgate, hidden_states)
     )
     own = injected_names(variant.replacement)
 
-    def upstream(ctx: Context, tree: ast.Module | None) -> Outcome | None:
+    def follow(ctx: Context, tree: ast.Module | None) -> Outcome | None:
+        """The closure reads the weight itself (the anchors decide), or calls the module: then its forward is judged."""
         scope = ctx.scope(ATTENTION, ATTENTION_CLASS, "_run_parallel_input_projections") if tree is not None else None
         if scope is None or mentions_injected(scope, own) or _lna_score_calls(scope):
             return None
-        if not any(ast.unparse(n) == weight for n in ast.walk(scope) if isinstance(n, ast.Attribute)):
-            return Outcome.upstream(f"{ATTENTION_CLASS}.{closure} no longer reads {weight}")
-        return None
+        if any(ast.unparse(n) == weight for n in ast.walk(scope) if isinstance(n, ast.Attribute)):
+            return None
+        module = f"{owner}.fused_wkv_wgate"
+        calls = [n for n in ast.walk(scope) if isinstance(n, ast.Call) and ast.unparse(n.func) == module]
+        return _module_call_outcome(ctx, closure, module, calls) if calls else None
 
     def lna(tree: ast.Module, scope: ast.AST | None) -> str | None:
         calls = [c for c in _lna_score_calls(scope) if ast.unparse(c.args[0]) == f"{owner}.fused_wkv_wgate"]
@@ -279,7 +343,7 @@ return {helper.__name__}({owner}.fused_wkv_wgate, hidden_states)
         scope=Scope(ATTENTION_CLASS, "_run_parallel_input_projections"),
         variants=(variant,),
         helpers=(_patch_dsv4_kv_score, helper),
-        probe=upstream,
+        probe=follow,
         foreign=(
             ForeignEdit(
                 script="patch_dsv4_attention_compressor_exl3.py",
@@ -292,6 +356,134 @@ return {helper.__name__}({owner}.fused_wkv_wgate, hidden_states)
             ),
         ),
     )
+
+
+# -- F on 0.34.0: the read moved into the projection's own class ------------------------------------------------
+# The closures call `compressor.fused_wkv_wgate(hidden_states)`; the class built there (on GPUs) reads the weight
+# in its forward: `return torch.mm(input_, self.weight.T, out_dtype=torch.float32)`. One edit there covers the
+# attention's and the indexer's compressors, and V4.1's, which builds the same class.
+KV_SCORE_CLASS = "DeepseekV4CompressorKVScoreLinear"
+KV_SCORE_VARIANT = Variant(
+    "return torch.mm(input_, self.weight.T, out_dtype=torch.float32)",
+    """
+if _patch_dsv4_has_exl3_shards(self):
+    # patch-dsv4 (dense-exl3): an EXL3 fused_wkv_wgate has no .weight; run its EXL3 shards.
+    return _patch_dsv4_exl3_kv_score(self, input_)
+return torch.mm(input_, self.weight.T, out_dtype=torch.float32)
+""",
+    releases="0.34.0",
+)
+KV_SCORE_OWN = injected_names(KV_SCORE_VARIANT.replacement)
+
+
+def _is_dispatch(call: ast.Call) -> bool:
+    """``<layer>.quant_method.apply(...)``: the linear hands its work to its quant method (EXL3's, for a pack)."""
+    func = call.func
+    return isinstance(func, ast.Attribute) and func.attr == "apply" and ast.unparse(func.value).endswith("quant_method")
+
+
+def _forward_path(follower: Follower, start: Frame) -> tuple[list[tuple[Path, ast.AST]], list[Path]]:
+    """Every ``.weight`` read on the calls from ``start`` (as (path, node)), and the paths that reach a
+    ``quant_method.apply`` dispatch (not followed further: what the quant method does is the pack's)."""
+    reads, dispatches = [], []
+    for path in follower.walk(start, follow=lambda _frame, call: not _is_dispatch(call)):
+        for node in ast.walk(path.frame.node):
+            if isinstance(node, ast.Attribute) and node.attr == "weight" and isinstance(node.ctx, ast.Load):
+                reads.append((path, node))
+            elif isinstance(node, ast.Call) and ast.unparse(node.func) == "getattr" and len(node.args) >= 2:
+                if isinstance(node.args[1], ast.Constant) and node.args[1].value == "weight":
+                    reads.append((path, node))
+        if any(_is_dispatch(call) for call in calls_in(path.frame.node)):
+            dispatches.append(path)
+    return reads, dispatches
+
+
+def _read_where(path: Path, node: ast.AST, caller: str = "") -> str:
+    """Where a ``.weight`` read is, with the calls followed to it (from ``caller`` when given)."""
+    return f"{caller + ' -> ' if caller else ''}{path.evidence()} reads {ast.unparse(node)} (line {node.lineno})"
+
+
+def _is_kv_score_forward(defn) -> bool:
+    return defn.file == COMPRESSOR and defn.qualname == f"{KV_SCORE_CLASS}.forward"
+
+
+def _module_call_outcome(ctx: Context, closure: str, module: str, calls: list[ast.Call]) -> Outcome:
+    """A closure that calls the projection module: follow the call into each class it may be, and judge there."""
+    follower = Follower(ctx)
+    outer = follower.function(ATTENTION, ATTENTION_CLASS, "_run_parallel_input_projections")
+    frame = follower.frame(outer) if outer is not None else None
+    forwards = [callee for call in calls for callee in follower.callees(frame, call)] if frame is not None else []
+    found = f"{closure} returns {ast.unparse(calls[0])}"
+    caller = f"{outer.where()} ({closure}, line {calls[0].lineno})" if outer is not None else closure
+    if not forwards:
+        return Outcome.drifted(
+            f"{ATTENTION_CLASS}.{closure} calls {module}, and its class could not be followed",
+            expected=f"{module} built as a class of {COMPRESSOR} (DeepseekCompressor.__init__)",
+            found=found,
+        )
+    readers, silent, dispatchers = [], [], []
+    for start in forwards:
+        reads, dispatches = _forward_path(follower, start)
+        if reads:
+            readers += reads
+        elif dispatches:
+            dispatchers += dispatches
+        else:
+            silent.append(start)
+    uncovered = [(path, node) for path, node in readers if not _is_kv_score_forward(path.frame.defn)]
+    if uncovered or silent:
+        what = (
+            _read_where(*uncovered[0], caller)
+            if uncovered
+            else f"{caller} -> {silent[0].defn.where()} neither reads .weight nor dispatches"
+        )
+        return Outcome.drifted(
+            f"{ATTENTION_CLASS}.{closure} calls {module}; {what}: no edit of dense-exl3 is there",
+            expected=f"the read in {KV_SCORE_CLASS}.forward ({COMPRESSOR}), or a quant_method.apply dispatch",
+            found=what,
+        )
+    if readers:
+        return Outcome.not_applicable(
+            f"{closure} calls {module}: the .weight read is in {KV_SCORE_CLASS}.forward, judged by the edit there "
+            f"({_read_where(*readers[0], caller)})"
+        )
+    return Outcome.upstream(
+        f"{ATTENTION_CLASS}.{closure} calls {module}, whose forward reads no .weight and hands the work to its "
+        f"quant method: {'; '.join(dict.fromkeys(f'{caller} -> {path.evidence()}' for path in dispatchers))}"
+    )
+
+
+def _kv_score_class_probe(ctx: Context, tree: ast.Module | None) -> Outcome | None:
+    """The projection class's forward: EXL3-ready when no code on its path reads .weight and it dispatches."""
+    if tree is None:
+        return None
+    follower = Follower(ctx)
+    cls = follower.class_def(COMPRESSOR, KV_SCORE_CLASS)
+    if cls is None:
+        return Outcome.not_applicable(
+            f"{COMPRESSOR} defines no {KV_SCORE_CLASS} (0.34.0's); the closures of "
+            f"{ATTENTION_CLASS}._run_parallel_input_projections are judged where they read the weight"
+        )
+    forward = follower.method(cls, "forward")
+    if forward is None or mentions_injected(forward.node, KV_SCORE_OWN):
+        return None
+    reads, dispatches = _forward_path(follower, follower.frame(forward, cls))
+    if not reads and dispatches:
+        return Outcome.upstream(
+            f"{KV_SCORE_CLASS}.forward reads no .weight and hands the work to its quant method: "
+            + "; ".join(dict.fromkeys(path.evidence() for path in dispatches))
+        )
+    return None
+
+
+KV_SCORE_EDIT = ReplaceStatements(
+    label=f"{KV_SCORE_CLASS}.forward runs an EXL3 fused_wkv_wgate",
+    file=COMPRESSOR,
+    scope=Scope(KV_SCORE_CLASS, "forward"),
+    variants=(KV_SCORE_VARIANT,),
+    helpers=(_patch_dsv4_has_exl3_shards, _patch_dsv4_exl3_kv_score),
+    probe=_kv_score_class_probe,
+)
 
 
 def _lna_score_calls(scope: ast.AST | None) -> list[ast.Call]:
@@ -318,7 +510,7 @@ class DenseExl3(Patch):
             label="the compressor gets the quant config an EXL3 pack declares for it",
             file=COMPRESSOR,
             scope=Scope("DeepseekCompressor", "__init__"),
-            variants=(Variant(QUANT_ANCHOR, QUANT_REPLACEMENT, releases="0.28.0-0.33.0"),),
+            variants=QUANT_VARIANTS,
             helpers=(_patch_dsv4_compressor_quant_config,),
             probe=_upstream_compressor_config,
             foreign=(LNA_COMPRESSOR,),
@@ -333,6 +525,7 @@ class DenseExl3(Patch):
         ),
         _score_edit("compressor_kv_score", "compressor", _patch_dsv4_compressor_kv_score),
         _score_edit("indexer_compressor_kv_score", "indexer.compressor", _patch_dsv4_indexer_kv_score),
+        KV_SCORE_EDIT,
     )
 
 
@@ -389,6 +582,62 @@ class DeepseekCompressor(nn.Module):
         )
         self.norm = RMSNorm(self.head_dim, self.rms_norm_eps)
 ''',
+    ),
+    # vLLM 0.34.0: the read moved into the projection's class; the class is picked before it is built
+    Example(
+        "0.34-kv-score-class-and-config",
+        COMPRESSOR,
+        before="""\
+class DeepseekV4CompressorKVScoreLinear(MergedColumnParallelLinear):
+    def forward(self, input_: torch.Tensor) -> torch.Tensor:
+        return torch.mm(input_, self.weight.T, out_dtype=torch.float32)
+
+
+class DeepseekCompressor(nn.Module):
+    def __init__(self, vllm_config: VllmConfig, compress_ratio: int, hidden_size: int, prefix: str = ""):
+        kv_score_linear = (
+            MergedColumnParallelLinear
+            if current_platform.is_cpu()
+            else DeepseekV4CompressorKVScoreLinear
+        )
+        self.fused_wkv_wgate = kv_score_linear(
+            self.hidden_size,
+            [self.coff * self.head_dim, self.coff * self.head_dim],
+            bias=False,
+            return_bias=False,
+            quant_config=None,
+            disable_tp=True,
+            prefix=f"{prefix}.fused_wkv_wgate",
+        )
+""",
+        after="""\
+class DeepseekV4CompressorKVScoreLinear(MergedColumnParallelLinear):
+    def forward(self, input_: torch.Tensor) -> torch.Tensor:
+        if _patch_dsv4_has_exl3_shards(self):
+            # patch-dsv4 (dense-exl3): an EXL3 fused_wkv_wgate has no .weight; run its EXL3 shards.
+            return _patch_dsv4_exl3_kv_score(self, input_)
+        return torch.mm(input_, self.weight.T, out_dtype=torch.float32)
+
+
+class DeepseekCompressor(nn.Module):
+    def __init__(self, vllm_config: VllmConfig, compress_ratio: int, hidden_size: int, prefix: str = ""):
+        kv_score_linear = (
+            MergedColumnParallelLinear
+            if current_platform.is_cpu()
+            else DeepseekV4CompressorKVScoreLinear
+        )
+        # patch-dsv4 (dense-exl3): an EXL3 pack that quantizes the compressor gets its quant config.
+        self.fused_wkv_wgate = kv_score_linear(
+            self.hidden_size,
+            [self.coff * self.head_dim, self.coff * self.head_dim],
+            bias=False,
+            return_bias=False,
+            quant_config=_patch_dsv4_compressor_quant_config(vllm_config, f"{prefix}.fused_wkv_wgate"),
+            disable_tp=True,
+            prefix=f"{prefix}.fused_wkv_wgate",
+        )
+""",
+        with_helpers=False,
     ),
     # helpers left out (their source is compared with this module's elsewhere), to keep it short
     Example(

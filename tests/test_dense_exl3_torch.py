@@ -283,6 +283,95 @@ def test_mixed_or_padded_shards_take_the_plugins_own_apply(case):
     assert calls == [hidden] and out.dtype == torch.float32
 
 
+# -- F on 0.34.0: DeepseekV4CompressorKVScoreLinear.forward ---------------------------------------------------------
+class KVScoreLinear:
+    """The projection module: its forward is the statement under test, run as vLLM's class runs it; calling the
+    module (nn.Module.__call__) enters that forward, and every entry is counted."""
+
+    def __init__(self, statements, weight=None, linears=None, apply=None):
+        self._forward = _run(statements, {**HELPERS, "torch": torch}, "self", "input_")
+        self.entered = 0
+        if weight is not None:
+            self.weight = weight
+        if linears is not None:
+            self._exl3_linears = linears
+        if apply is not None:
+            self.quant_method = types.SimpleNamespace(apply=apply)
+
+    def __call__(self, input_):
+        self.entered += 1
+        return self._forward(self, input_)
+
+
+def test_034_forward_without_exl3_linears_is_vllms_mm_bit_for_bit(monkeypatch):
+    recorder = MmRecorder()
+    monkeypatch.setattr(torch, "mm", recorder)
+    weight = torch.randn(WKV + WGATE, DIM).to(torch.bfloat16)
+    hidden = torch.randn(T, DIM, dtype=torch.bfloat16)
+    original = KVScoreLinear(D.KV_SCORE_VARIANT.anchor, weight=weight)(hidden)
+    for linears in (None, [], [None, None]):  # unquantized, or the plugin kept every dense shard
+        patched = KVScoreLinear(D.KV_SCORE_VARIANT.replacement, weight=weight, linears=linears)(hidden)
+        assert torch.equal(original, patched) and patched.dtype == torch.float32
+    first = recorder.calls[0]
+    for a, b, out_dtype in recorder.calls[1:]:
+        assert a is first[0] and b.data_ptr() == first[1].data_ptr() and out_dtype is torch.float32
+
+
+@pytest.mark.parametrize("plugin", [False, True], ids=["forward", "_dense_forward"])
+def test_034_forward_runs_the_exl3_shards_in_order_in_float32(plugin, monkeypatch):
+    monkeypatch.delitem(sys.modules, "vllm_exl3.exl3", raising=False)
+    used = []
+    if plugin:
+        module = types.ModuleType("vllm_exl3.exl3")
+        module._dense_forward = lambda lin, x: used.append(lin) or lin.forward(x, {}, out_dtype=torch.float32)
+        monkeypatch.setitem(sys.modules, "vllm_exl3.exl3", module)
+    wkv, wgate = torch.randn(WKV, DIM), torch.randn(WGATE, DIM)
+    linears = [StubLinearEXL3(wkv), StubLinearEXL3(wgate)]
+    layer = KVScoreLinear(D.KV_SCORE_VARIANT.replacement, linears=linears)  # vllm-exl3 deleted .weight
+    hidden = torch.randn(T, DIM, dtype=torch.bfloat16)
+    out = layer(hidden)
+    assert out.dtype == torch.float32 and out.shape == (T, WKV + WGATE) and layer.entered == 1
+    fused = torch.cat((wkv, wgate)).to(torch.float16).to(torch.float32)  # wkv rows, then wgate
+    torch.testing.assert_close(out, hidden.to(torch.float16).to(torch.float32) @ fused.T, rtol=1e-3, atol=1e-3)
+    for linear in linears:
+        assert linear.seen == [(torch.float16, True, torch.float32, (T, DIM))]
+    assert used == (linears if plugin else [])
+    # V4.1's compressor at ratio 1 has no gate: one shard, the same class and forward
+    single = KVScoreLinear(D.KV_SCORE_VARIANT.replacement, linears=[StubLinearEXL3(wkv)])
+    torch.testing.assert_close(single(hidden), out[:, :WKV], rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("case", ["a-bf16-shard", "padded"])
+def test_034_fallback_calls_quant_method_apply_and_never_the_module(case):
+    applied = []
+
+    def apply(layer, x, bias):
+        applied.append((layer, x, bias))
+        return torch.ones(T, WKV + WGATE, dtype=torch.bfloat16)
+
+    linears = [StubLinearEXL3(torch.randn(WKV, DIM)), None]
+    layer = KVScoreLinear(D.KV_SCORE_VARIANT.replacement, linears=linears, apply=apply)
+    if case == "padded":
+        layer._exl3_linears = [StubLinearEXL3(torch.randn(WKV, DIM))] * 2
+        layer._exl3_linear_padded = True
+    hidden = torch.randn(T, DIM, dtype=torch.bfloat16)
+    out = layer(hidden)
+    assert layer.entered == 1  # the 0.28-0.33 helper's module(x) would have come back into this forward
+    assert len(applied) == 1 and applied[0][0] is layer and applied[0][1] is hidden and applied[0][2] is None
+    assert out.dtype == torch.float32 and torch.equal(out, torch.ones(T, WKV + WGATE))
+
+
+def test_the_old_fallback_would_reenter_0_34_forward():
+    """Why 0.34.0 has a helper of its own: the closures' helper calls the module, which is now the patched class."""
+    layer = KVScoreLinear(
+        "return _patch_dsv4_kv_score(self, input_)",  # the 0.28-0.33 helper put where 0.34.0 reads .weight
+        linears=[StubLinearEXL3(torch.randn(WKV, DIM)), None],
+        apply=lambda *a: torch.zeros(T, WKV + WGATE),
+    )
+    with pytest.raises(RecursionError):
+        layer(torch.randn(T, DIM, dtype=torch.bfloat16))
+
+
 # -- exl3-wo-a-slices: the loader's mapping ---------------------------------------------------------------------
 VLLM_MAPPING = [
     ("gate_up_proj", "w1", 0),
