@@ -26,6 +26,7 @@ The machine's load falls on every command alike (interleaved); on a busy machine
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import statistics
@@ -40,33 +41,62 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.releases import copy_tree, pristine_tree  # noqa: E402 (the checkout's tests, once it is on the path)
-
 HEAVY = ("libcst", "typer", "click", "rich", "packaging", "importlib.metadata", "dataclasses", "inspect", "typing")
 TARGET_MS = 10.0
 
 
-def _install(checkout: Path, work: Path) -> Path:
-    """``checkout`` as a wheel, pip-installed into a fresh venv under ``work``; the venv's directory."""
-    wheels, env_dir = work / "wheel", work / "venv"
+def _wheel(checkout: Path, out: Path) -> Path:
+    """``checkout`` built into a wheel in ``out``."""
     quiet = {**os.environ, "PIP_NO_INPUT": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(wheels), "."],
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(out), "."],
         cwd=checkout,
         check=True,
         env=quiet,
     )
+    (wheel,) = out.glob("patch_dsv4-*.whl")
+    return wheel
+
+
+def _install(wheel: Path, env_dir: Path, dependencies: str | None) -> Path:
+    """``wheel`` pip-installed into a fresh venv ``env_dir`` (bytecode compiled, RECORD beside it); with
+    ``dependencies``, a .pth line after the venv's own site-packages that lets it import them from there."""
     venv.create(env_dir, with_pip=True)
-    (wheel,) = wheels.glob("patch_dsv4-*.whl")
-    subprocess.run([str(env_dir / "bin" / "python"), "-m", "pip", "install", "-q", "--no-deps", str(wheel)], check=True)
-    site = subprocess.run(
-        [str(env_dir / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
-    Path(site, "zz_bench_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    python = str(env_dir / "bin" / "python")
+    quiet = {**os.environ, "PIP_NO_INPUT": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    subprocess.run([python, "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)], check=True, env=quiet)
+    if dependencies:
+        site = subprocess.run(
+            [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        Path(site, "zz_bench_dependencies.pth").write_text(dependencies + "\n")
     return env_dir
+
+
+def prepare(version: str, checkouts: dict[str, Path], work: Path) -> None:
+    """Per checkout: its wheel, and a copy of ``version``'s installed tree applied with it, trimmed to what verify
+    reads (bench_guard's trim: a few MB), under ``work`` with setups.json: what :func:`measure` needs, on any
+    machine with Python 3.10+ (no dependency, no vLLM, no test cache)."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from bench_guard import _trimmed
+
+    from tests.releases import copy_tree, pristine_tree  # the checkout's tests: not needed to measure
+
+    setups = {}
+    for n, (label, checkout) in enumerate(checkouts.items()):
+        wheel = _wheel(checkout, work / f"c{n}" / "wheel")
+        env_dir = _install(wheel, work / f"c{n}" / "prepare-venv", sysconfig.get_paths()["purelib"])
+        tree = copy_tree(pristine_tree(version), work / f"c{n}" / "full" / "site-packages")
+        subprocess.run([str(env_dir / "bin" / "patch-dsv4"), "apply", "--site-packages", str(tree), "-q"], check=True)
+        site = next((env_dir / "lib").glob("python3*/site-packages"))
+        trimmed = _trimmed(tree, site, work / f"c{n}" / "tree" / "site-packages")
+        shutil.rmtree(work / f"c{n}" / "full")
+        shutil.rmtree(env_dir)
+        setups[label] = {"wheel": str(wheel.relative_to(work)), "tree": str(trimmed.relative_to(work))}
+    (work / "setups.json").write_text(json.dumps({"version": version, "setups": setups}, indent=1))
 
 
 def _time(command: list[str]) -> tuple[float, float]:
@@ -88,57 +118,77 @@ def _imports(python: str, args: list[str]) -> set[str]:
     return {line.split("|")[-1].strip() for line in err.splitlines() if line.startswith("import time:")}
 
 
+def measure(work: Path, repeat: int) -> None:
+    """Each prepared checkout installed into a fresh venv here, then every command interleaved, ``repeat`` rounds."""
+    prepared = json.loads((work / "setups.json").read_text())
+    commands: dict[str, list[str]] = {}
+    setups = {}
+    for n, (label, setup) in enumerate(prepared["setups"].items()):
+        env_dir = _install(work / setup["wheel"], work / f"venv-{n}", None)
+        script, python, tree = (
+            str(env_dir / "bin" / "patch-dsv4"),
+            str(env_dir / "bin" / "python"),
+            work / setup["tree"],
+        )
+        verify = [script, "verify", "--site-packages", str(tree), "-q"]
+        checked = subprocess.run(verify, capture_output=True, text=True)
+        assert checked.returncode == 0, checked.stderr
+        commands[f"{label}: patch-dsv4 verify"] = verify
+        commands[f"{label}: python -c 'import re, sys'"] = [python, "-c", "import re, sys"]
+        commands[f"{label}: python -c pass"] = [python, "-c", "pass"]
+        setups[label] = (python, script, tree)
+    for command in commands.values():  # warm-up round: the page cache
+        _time(command)
+    times: dict[str, list[tuple[float, float]]] = {name: [] for name in commands}
+    for _ in range(repeat):
+        for name, command in commands.items():
+            times[name].append(_time(command))
+    wall = {name: statistics.median(w for w, _ in values) * 1000 for name, values in times.items()}
+    cpu = {name: statistics.median(c for _, c in values) * 1000 for name, values in times.items()}
+    print(f"vLLM {prepared['version']}, applied; installed console script; Python {sys.version.split()[0]};")
+    print(f"fresh process each, interleaved; median of {repeat}")
+    print(f"  {'':<58} {'wall':>9}  {'(min-max)':<10} {'CPU':>8}")
+    for name, values in times.items():
+        spread = f"({min(w for w, _ in values) * 1000:.0f}-{max(w for w, _ in values) * 1000:.0f})"
+        print(f"  {name:<58} {wall[name]:6.1f} ms  {spread:<10} {cpu[name]:5.1f} ms")
+    for label, (python, script, tree) in setups.items():
+        floor_name = f"{label}: python -c 'import re, sys'"
+        own = wall[f"{label}: patch-dsv4 verify"] - wall[floor_name]
+        own_cpu = cpu[f"{label}: patch-dsv4 verify"] - cpu[floor_name]
+        verdict = "ok" if own <= TARGET_MS else "OVER"
+        print(
+            f"{label}: verify's own work over the floor: {own:.1f} ms wall (target <= 10: {verdict}),"
+            f" {own_cpu:.1f} ms CPU"
+        )
+        floor = _imports(python, ["-c", "import re, sys"])
+        used = _imports(python, [script, "verify", "--site-packages", str(tree), "-q"])
+        heavy = sorted(m for m in used if m.split(".")[0] in HEAVY or m in HEAVY)
+        print(f"  imported beyond the floor: {' '.join(sorted(used - floor))}")
+        print(f"  heavy modules imported: {', '.join(heavy) or 'none'}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--version", default="0.30.0")
     parser.add_argument("--repeat", type=int, default=30)
     parser.add_argument("--against", type=Path, help="another checkout, measured the same way, interleaved")
+    parser.add_argument("--prepare", type=Path, metavar="DIR", help="only prepare DIR (wheels, applied trees)")
+    parser.add_argument("--measure", type=Path, metavar="DIR", help="only measure what --prepare left in DIR")
     args = parser.parse_args()
+    if args.measure is not None:
+        measure(args.measure.resolve(), args.repeat)
+        return
     checkouts = {"this checkout": ROOT}
     if args.against is not None:
         checkouts[f"{args.against}"] = args.against.resolve()
+    if args.prepare is not None:
+        args.prepare.mkdir(parents=True, exist_ok=True)
+        prepare(args.version, checkouts, args.prepare.resolve())
+        return
     work = Path(tempfile.mkdtemp(prefix="bench-verify-"))
     try:
-        commands: dict[str, list[str]] = {}
-        setups = {}
-        for n, (label, checkout) in enumerate(checkouts.items()):
-            env_dir = _install(checkout, work / f"c{n}")
-            tree = copy_tree(pristine_tree(args.version), work / f"c{n}" / "site-packages")
-            script, python = str(env_dir / "bin" / "patch-dsv4"), str(env_dir / "bin" / "python")
-            subprocess.run([script, "apply", "--site-packages", str(tree), "-q"], check=True)
-            verify = [script, "verify", "--site-packages", str(tree), "-q"]
-            assert subprocess.run(verify, capture_output=True).returncode == 0
-            commands[f"{label}: patch-dsv4 verify"] = verify
-            commands[f"{label}: python -c 'import re, sys'"] = [python, "-c", "import re, sys"]
-            commands[f"{label}: python -c pass"] = [python, "-c", "pass"]
-            setups[label] = (python, script, tree)
-        for command in commands.values():  # warm-up round: the page cache
-            _time(command)
-        times: dict[str, list[tuple[float, float]]] = {name: [] for name in commands}
-        for _ in range(args.repeat):
-            for name, command in commands.items():
-                times[name].append(_time(command))
-        wall = {name: statistics.median(w for w, _ in values) * 1000 for name, values in times.items()}
-        cpu = {name: statistics.median(c for _, c in values) * 1000 for name, values in times.items()}
-        print(f"vLLM {args.version}, applied; installed console script; fresh process each; median of {args.repeat}")
-        print(f"  {'':<58} {'wall':>9}  {'(min-max)':<10} {'CPU':>8}")
-        for name, values in times.items():
-            spread = f"({min(w for w, _ in values) * 1000:.0f}-{max(w for w, _ in values) * 1000:.0f})"
-            print(f"  {name:<58} {wall[name]:6.1f} ms  {spread:<10} {cpu[name]:5.1f} ms")
-        for label, (python, script, tree) in setups.items():
-            floor_name = f"{label}: python -c 'import re, sys'"
-            own = wall[f"{label}: patch-dsv4 verify"] - wall[floor_name]
-            own_cpu = cpu[f"{label}: patch-dsv4 verify"] - cpu[floor_name]
-            verdict = "ok" if own <= TARGET_MS else "OVER"
-            print(
-                f"{label}: verify's own work over the floor: {own:.1f} ms wall (target <= 10: {verdict}),"
-                f" {own_cpu:.1f} ms CPU"
-            )
-            floor = _imports(python, ["-c", "import re, sys"])
-            used = _imports(python, [script, "verify", "--site-packages", str(tree), "-q"])
-            heavy = sorted(m for m in used if m.split(".")[0] in HEAVY or m in HEAVY)
-            print(f"  imported beyond the floor: {' '.join(sorted(used - floor))}")
-            print(f"  heavy modules imported: {', '.join(heavy) or 'none'}")
+        prepare(args.version, checkouts, work)
+        measure(work, args.repeat)
     finally:
         shutil.rmtree(work)
 

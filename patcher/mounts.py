@@ -157,10 +157,10 @@ def unreplaceable(site_packages: str, relpaths, mounts: list[Mount] | None = Non
     return found
 
 
-def mounted(site_packages: str, relpaths, path: str | None = None) -> dict[str, str]:
+def mounted(site_packages: str, relpaths, mounts: list[Mount] | None = None) -> dict[str, str]:
     """Of ``relpaths``, the files bind-mounted over ``site_packages``, and the one-line reason: the cheap check of
-    verify's fast path and the guard (the mount table only)."""
-    mounts = read_mounts(path)
+    verify's fast path and the guard (the mount table only; ``mounts``: the table, when read already)."""
+    mounts = read_mounts() if mounts is None else mounts
     if not mounts:
         return {}
     found = {}

@@ -211,13 +211,13 @@ def _planned_files(
 
 
 def _unreplaceable(state: Snapshot, relpaths, verb: str) -> Refused | None:
-    """The refusal to write a file another tool owns, or one that cannot be replaced where it is (the snapshot read
-    which: patch_dsv4.mounts), before anything is written; None when every file of the plan can be."""
-    blocked = [rel for rel in sorted(relpaths) if rel in state.unreplaceable]
+    """The refusal to write a file another tool bind-mounted over site-packages (the snapshot read which:
+    patch_dsv4.mounts), before anything is written; None when no file of the plan is."""
+    blocked = [rel for rel in sorted(relpaths) if rel in state.mounted]
     if not blocked:
         return None
     more = f" (and {len(blocked) - 1} more file(s): patch-dsv4 status names them)" if len(blocked) > 1 else ""
-    return Refused(f"cannot {verb} {blocked[0]}{more}", state.unreplaceable[blocked[0]], "")
+    return Refused(f"cannot {verb} {blocked[0]}{more}", state.mounted[blocked[0]], "")
 
 
 def _unrecorded_write(state: Snapshot, plan: Plan, restored: dict[str, bytes]) -> Refused | None:

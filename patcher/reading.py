@@ -82,7 +82,10 @@ def read_snapshot(
         build.unrecorded = anchors_store.known_release(env.vllm_version, {}).detail
     build.files = quick.listed_package_files(env.site_packages)
     ours = set(view.manifest.files) if view.manifest is not None else set()
-    snapshot.unreplaceable = mounts.unreplaceable(str(env.site_packages), sorted(declared_files(patches) | ours))
+    files, table = sorted(declared_files(patches) | ours), mounts.read_mounts()
+    snapshot.mounted = mounts.mounted(str(env.site_packages), files, table)
+    unreplaceable = mounts.unreplaceable(str(env.site_packages), files, table)
+    snapshot.unreplaceable = {rel: why for rel, why in unreplaceable.items() if rel not in snapshot.mounted}
     build.hashes = {rel: env.sha256(rel) for rel in sorted(build.record["files"])} if build.record else {}
     snapshot.build.served = build_identity(dist_info_of(env))
     if vouch and view.kind == "current" and not view.modified:

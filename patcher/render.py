@@ -305,11 +305,19 @@ def text_lines(doc: dict, style: Style, per_patch: Callable[[str], list[str]] | 
         verdict = _shown(patch)
         shown = f"{verdict:<{verdict_width}}" if len(verdict) < verdict_width else verdict + "  "
         room = style.width - len(head) - len(shown)
-        reason = fit(reason_text(patch), room) if room >= 16 else ""
+        reason = reason_text(patch)
+        if len(reason) > room:  # cut to fit; where the lines under the row explain it, left out
+            reason = "" if patch["verdict"] in _NEEDS or room < 16 else fit(reason, room)
         lines.append((head + style.paint(shown, patch["verdict"]) + reason).rstrip())
         lines.extend(deciding_lines(patch, style.width))
-        for extra in per_patch(patch["id"]) if per_patch is not None else ():
-            lines.extend(_wrap_fitting(extra, style.width, "      "))
+        extras = per_patch(patch["id"]) if per_patch is not None else []
+        if extras:  # drift's enclosing functions worth a look, counted by status ("... new"): -v lists them
+            counts: dict[str, int] = {}
+            for extra in extras:
+                status = extra.rsplit(" ", 1)[-1]
+                counts[status] = counts.get(status, 0) + 1
+            text = ", ".join(f"{n} {status}" for status, n in counts.items())
+            lines.append(_edit_line(f"enclosing functions: {text} (-v lists them)", "", style.width))
     build = doc["build"]
     if build is not None and not build["known"]:
         lines.extend(_wrap(build["detail"], style.width, ""))
@@ -318,7 +326,8 @@ def text_lines(doc: dict, style: Style, per_patch: Callable[[str], list[str]] | 
     for saved in doc["saved_edits"]:
         lines.extend(_wrap(f"your edit is saved as {saved}", style.width, ""))
     for note in doc["notes"]:
-        lines.extend(_wrap(f"note: {note}", style.width, ""))
+        if build is None or note != build["detail"]:  # said once, above
+            lines.extend(_wrap(f"note: {note}", style.width, ""))
     lines.append(doc["summary"])
     return lines
 
@@ -357,7 +366,7 @@ def _plural(n: int, word: str) -> str:
 _NEEDS = {
     "drifted": "needed, but the code no longer matches its anchor",
     "modified": "changed since patch-dsv4 wrote it",
-    "foreign": "another tool's edit of this fix stands there",
+    "foreign": "another tool's edit",
 }
 
 
@@ -367,6 +376,8 @@ def reason_text(patch: dict) -> str:
     deciding = [e for e in patch["edits"] if e["verdict"] == verdict]
     files = list(dict.fromkeys(e["file"] for e in deciding)) or list(patch["files"])
     if verdict == "opt-in":
+        if any(e["foreign"] for e in patch["edits"]):  # -v names the script
+            return f"another tool's edit: takeover --with {patch['id']}"
         return f"apply --with {patch['id']} to use it"
     if verdict == "pending":
         return f"needed: apply patches {_plural(len(files), 'file')}"
@@ -431,11 +442,13 @@ def _what(edit: dict) -> str:
     what = _short_paths_in(edit["detail"])
     if what.startswith(edit["label"] + ": "):
         what = what[len(edit["label"]) + 2 :]
+    if edit["foreign"] and what.startswith(edit["foreign"]) and "; " in what:
+        return what.split("; ", 1)[1]  # the script is named beside the verdict: what its edit means for serving
     short = short_path(edit["file"])
     what = what.replace(f" in {short} ({edit['scope']})", "")
     if what.startswith(short + " "):
         what = what[len(short) + 1 :]
-    return what
+    return what.split(" (was ", 1)[0]  # modified: what the edit was is said under -v
 
 
 def _edit_line(where: str, what: str, width: int) -> str:

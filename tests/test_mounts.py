@@ -148,3 +148,11 @@ def test_a_real_bind_mount_is_refused_before_anything_is_written(make_tree, tmp_
         assert content_snapshot(tree) == before and not (tree / ".patch-dsv4").exists()
     finally:
         subprocess.run(["umount", str(tree / VL_MODEL)], check=True)
+
+
+def test_the_readme_shows_the_refusal_as_apply_prints_it(make_tree, cli, mounted_over):
+    tree = make_tree("0.30.0")
+    mounted_over(tree / VL_MODEL, "/opt/kit/vl_model.py")
+    readme = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+    shown = readme[readme.index("      $ patch-dsv4 apply") + 1].strip()
+    assert cli("apply", "--site-packages", tree).stderr.splitlines() == [shown]

@@ -90,6 +90,38 @@ def test_a_drifted_patch_says_where_at_once_and_the_code_under_v(make_tree, cli)
     ]
 
 
+def _readme_example(first: str) -> list[str]:
+    """The lines of the README's example (an indented block) that starts with the line ``first``."""
+    lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+    start = lines.index(first)
+    block = []
+    for line in lines[start + 1 :]:
+        if not line.startswith(" " * 4):
+            break
+        block.append(line[4:])
+    return block
+
+
+def test_the_readme_shows_what_status_prints(make_tree, cli):
+    """The README's example is status on a pristine 0.30.0 at 80 columns, byte for byte (rendered for the image's
+    site directory it names), and its drifted rows are those a hand-edited vision class gives."""
+    from patch_dsv4.render import Style, text_lines
+
+    example = _readme_example("    $ patch-dsv4 status")
+    tree = make_tree("0.30.0")
+    document = cli("status", "--site-packages", tree, "--json").json()
+    document["target"] = "/usr/local/lib/python3.12/dist-packages"
+    assert text_lines(document, Style(80)) == example
+    text = (tree / VL_MODEL).read_text()
+    anchor = "mapped = iter(sorted(mapped, key=lambda x: x[0]))"
+    hand_edit(tree / VL_MODEL, text.replace(anchor, "mapped = iter(sorted(mapped, key=lambda x: (x[0], 0)))"))
+    drifted = cli("status", "--site-packages", tree).stdout.splitlines()
+    readme = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+    at = readme.index("      stream-load       drifted   needed, but the code no longer matches its anchor")
+    shown = [line[4:] for line in readme[at : at + 2]]
+    assert drifted[drifted.index(shown[0]) : drifted.index(shown[0]) + 2] == shown
+
+
 def test_quiet_prints_the_closing_line_and_verbose_all_evidence(make_tree, cli):
     tree = make_tree("0.30.0")
     quiet = cli("status", "--site-packages", tree, "-q")
