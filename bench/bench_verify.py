@@ -13,14 +13,18 @@ Method:
 2. A copy of the release's installed tree (tests/releases.py) is applied with that venv's ``patch-dsv4 apply``.
 3. The commands of every checkout run interleaved, one fresh process each, ``--repeat`` rounds after one warm-up
    round (page cache, nothing else): ``VENV/bin/patch-dsv4 verify --site-packages TREE -q``,
-   ``VENV/bin/python -c 'import re, sys'``, ``VENV/bin/python -c pass``. Wall time of each process from the parent;
-   the medians, their spread (min-max), and verify's own work: median(verify) - median(import re, sys).
+   ``VENV/bin/python -c 'import re, sys'``, ``VENV/bin/python -c pass``. Wall time of each process from the parent,
+   and the CPU time (user + system) the kernel charged it with (``os.wait4``), which waiting on a busy machine does
+   not inflate; the medians, their spread, and verify's own work: median(verify) - median(import re, sys), in wall
+   time (the target) and in CPU time.
 4. One more verify run per checkout, under ``python -X importtime``, lists the modules verify imports beyond the
    floor, and the heavy ones (libcst, typer, rich, click, ...) that must not load when the hashes match.
 
-The machine's load falls on every command alike (interleaved); on a busy machine, raise --repeat.
+The machine's load falls on every command alike (interleaved); on a busy machine, raise --repeat, read the CPU
+columns, or prepare here and measure on a quiet machine (only Python 3.10+ needed there):
 
     python bench/bench_verify.py [--version 0.30.0] [--repeat 30] [--against /tmp/main-checkout]
+    python bench/bench_verify.py --prepare DIR [--against CHECKOUT]; python bench/bench_verify.py --measure DIR
 """
 
 from __future__ import annotations
@@ -147,10 +151,11 @@ def measure(work: Path, repeat: int) -> None:
     cpu = {name: statistics.median(c for _, c in values) * 1000 for name, values in times.items()}
     print(f"vLLM {prepared['version']}, applied; installed console script; Python {sys.version.split()[0]};")
     print(f"fresh process each, interleaved; median of {repeat}")
-    print(f"  {'':<58} {'wall':>9}  {'(min-max)':<10} {'CPU':>8}")
+    print(f"  {'':<58} {'wall':>9}  {'(min-max)':<10} {'CPU':>8}  (min)")
     for name, values in times.items():
         spread = f"({min(w for w, _ in values) * 1000:.0f}-{max(w for w, _ in values) * 1000:.0f})"
-        print(f"  {name:<58} {wall[name]:6.1f} ms  {spread:<10} {cpu[name]:5.1f} ms")
+        low = min(c for _, c in values) * 1000
+        print(f"  {name:<58} {wall[name]:6.1f} ms  {spread:<10} {cpu[name]:5.1f} ms  ({low:.1f})")
     for label, (python, script, tree) in setups.items():
         floor_name = f"{label}: python -c 'import re, sys'"
         own = wall[f"{label}: patch-dsv4 verify"] - wall[floor_name]

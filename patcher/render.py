@@ -310,6 +310,7 @@ def text_lines(doc: dict, style: Style, per_patch: Callable[[str], list[str]] | 
             reason = "" if patch["verdict"] in _NEEDS or room < 16 else fit(reason, room)
         lines.append((head + style.paint(shown, patch["verdict"]) + reason).rstrip())
         lines.extend(deciding_lines(patch, style.width))
+        lines.extend("      " + fit(kept, style.width - 6) for kept in kept_edits(patch))
         extras = per_patch(patch["id"]) if per_patch is not None else []
         if extras:  # drift's enclosing functions worth a look, counted by status ("... new"): -v lists them
             counts: dict[str, int] = {}
@@ -435,6 +436,24 @@ def deciding_lines(patch: dict, width: int) -> list[str]:
         text = next((t for t in tries if len(t) <= room), None)
         lines.append(f"      {file}: {text}" if text else _edit_line(file, what, width))
     return lines
+
+
+#: How an edit's evidence says that another tool's edit, with no equivalent here, stays (patch_dsv4.edits.KeptEdit).
+_KEPT = "; patch-dsv4 leaves it in place"
+
+
+def kept_edits(patch: dict) -> list[str]:
+    """Other tools' edits in the patch's scopes that stay where they are, one line each: ``<script> (<tool>)
+    edited <file>: left in place`` (the scope, and what it means for serving, are under -v)."""
+    found = []
+    for edit in patch["edits"]:
+        if _KEPT not in edit["detail"]:
+            continue
+        import re  # only where another tool's edit stands (the floor's wrapper has imported it anyway)
+
+        for match in re.finditer(r"(\S+ \([^()]*\)) edited (\S+) \([^()]*\):", edit["detail"]):
+            found.append(f"{match[1]} edited {match[2]}: left in place")
+    return list(dict.fromkeys(found))
 
 
 def _what(edit: dict) -> str:
