@@ -91,6 +91,7 @@ def check() -> None:
             _logger().debug("patch-dsv4: this vLLM serves %s", served)
         message = "; ".join(
             ([describe(problems)] if problems else [])
+            + [f"apply cannot write {rel}: {why}" for rel, why in _owned_elsewhere(problems).items()]
             + ([f"patch-dsv4: this vLLM is not the tree {EXPECT} names: {'; '.join(differs)}"] if differs else [])
         )
         if differs:
@@ -109,6 +110,18 @@ def describe(problems: list[tuple[str, str, list[str]]]) -> str:
         f"Run: patch-dsv4 apply --python {sys.executable} "
         f"(or set {ENV}=off to silence this, {ENV}=strict to refuse to start)"
     )
+
+
+def _owned_elsewhere(problems: list[tuple[str, str, list[str]]]) -> dict[str, str]:
+    """Of the files of patches not in place, those bind-mounted over site-packages by another tool, and why
+    (read only when there is something to report: the mount table is not read on a tree in order)."""
+    site_dir = _vllm_site()
+    if not problems or not site_dir:
+        return {}
+    from patch_dsv4 import mounts
+
+    files = [f for _, _, names in problems for f in names]
+    return mounts.mounted(site_dir, dict.fromkeys(files))
 
 
 def _writer() -> str | None:

@@ -132,6 +132,11 @@ class Snapshot:
     build: Build = field(default_factory=Build)
     recorded_holds: bool = False  # the judgement the manifest records still vouches for the tree (verify's)
     wheel: ReleaseWheel | None = None  # takeover: pip's bytes from the release's wheel where no backup holds them
+    # the patches' files another tool bind-mounted over site-packages (patch_dsv4.mounts), and why: planning refuses
+    # to write them (exit 1); and those that cannot be replaced otherwise (a read-only file system, an immutable
+    # file), and why: named up front, refused by the transaction's write probe as before (an environment error)
+    mounted: dict[str, str] = field(default_factory=dict)
+    unreplaceable: dict[str, str] = field(default_factory=dict)
     _bytes: dict[str, bytes | None] = field(default_factory=dict, repr=False)
     _hashes: dict[str, str | None] = field(default_factory=dict, repr=False)
     _backups: dict[str, bytes | None] = field(default_factory=dict, repr=False)
@@ -332,6 +337,11 @@ def state_notes(view: StateView) -> list[str]:
     if view.kind == "interrupted":
         return ["an earlier apply or revert was interrupted; the next apply or revert finishes it"]
     return []
+
+
+def unreplaceable_notes(state: Snapshot) -> list[str]:
+    """Each file another tool owns (or that cannot be replaced where it is), named up front with the reason."""
+    return [f"{rel}: {why}" for rel, why in sorted({**state.unreplaceable, **state.mounted}.items())]
 
 
 def unrecorded_notes(judgement: Judgement, view: StateView, restored: dict[str, bytes] | None = None) -> list[str]:

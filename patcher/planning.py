@@ -121,6 +121,9 @@ def plan_apply(state: Snapshot, judged: Judged, opts: Options, notes: list[str])
     plan.new = {rel: data for rel, data in planned.items() if data != current[rel]}
     plan.old = {rel: current[rel] for rel in plan.new}
     plan.owners = {rel: owners.get(rel, []) for rel in plan.new}
+    plan.refusal = _unreplaceable(state, plan.new, "patch")
+    if plan.refusal is not None:  # --force consents to writing a file, never to writing into another tool's mount
+        return plan
     if not opts.force:
         plan.refusal = _unrecorded_write(state, plan, restored)
         if plan.refusal is not None:
@@ -205,6 +208,16 @@ def _planned_files(
                 )
                 return planned, owners, why
     return planned, owners, None
+
+
+def _unreplaceable(state: Snapshot, relpaths, verb: str) -> Refused | None:
+    """The refusal to write a file another tool bind-mounted over site-packages (the snapshot read which:
+    patch_dsv4.mounts), before anything is written; None when no file of the plan is."""
+    blocked = [rel for rel in sorted(relpaths) if rel in state.mounted]
+    if not blocked:
+        return None
+    more = f" (and {len(blocked) - 1} more file(s): patch-dsv4 status names them)" if len(blocked) > 1 else ""
+    return Refused(f"cannot {verb} {blocked[0]}{more}", state.mounted[blocked[0]], "")
 
 
 def _unrecorded_write(state: Snapshot, plan: Plan, restored: dict[str, bytes]) -> Refused | None:
@@ -345,6 +358,9 @@ def plan_revert(
         plan.new[relpath] = backup
         plan.old[relpath] = state.held(relpath)
         plan.owners[relpath] = list(view.manifest.files[relpath].patches)
+    plan.refusal = _unreplaceable(state, plan.new, "revert")
+    if plan.refusal is not None:
+        return plan
     plan.previous = view.manifest
     plan.save = sorted(view.modified)
     plan.summary = f"restored {len(plan.new)} file(s)"

@@ -555,7 +555,14 @@ def vouched(site: Site, asked) -> Recorded | None:
     """verify's fast path, the one: the recorded verdicts, when the hashes vouch for them and the state keeps every
     opt-in in ``asked``; None where verify judges in full."""
     recorded = recorded_verdicts(site)
-    return recorded if recorded is not None and set(asked) <= set(recorded.opt_in) else None
+    if recorded is None or not set(asked) <= set(recorded.opt_in):
+        return None
+    from patch_dsv4 import mounts
+
+    ours = {f for v in recorded.verdicts.values() if v["verdict"] == "applied" for f in v["files"]}
+    if mounts.mounted(site.site_packages, sorted(ours)):
+        return None  # another tool's mount over a file we wrote: verify in full says so (a note), revert refuses it
+    return recorded
 
 
 def _file_set_changed(site: Site, record: dict) -> bool:

@@ -71,7 +71,7 @@ def read_snapshot(
     (revert's --discard-local-edits): also read the backups revert restores and the files they replace (not where
     a file changed since we wrote it and its edit is not to be discarded: revert refuses that).
     """
-    from patch_dsv4 import anchors_store, quick
+    from patch_dsv4 import anchors_store, mounts, quick
     from patch_dsv4.serving import build_identity, dist_info_of
 
     view = view_of(env, store.load() if manifest is True else manifest)
@@ -81,6 +81,11 @@ def read_snapshot(
     if build.record is None:
         build.unrecorded = anchors_store.known_release(env.vllm_version, {}).detail
     build.files = quick.listed_package_files(env.site_packages)
+    ours = set(view.manifest.files) if view.manifest is not None else set()
+    files, table = sorted(declared_files(patches) | ours), mounts.read_mounts()
+    snapshot.mounted = mounts.mounted(str(env.site_packages), files, table)
+    unreplaceable = mounts.unreplaceable(str(env.site_packages), files, table)
+    snapshot.unreplaceable = {rel: why for rel, why in unreplaceable.items() if rel not in snapshot.mounted}
     build.hashes = {rel: env.sha256(rel) for rel in sorted(build.record["files"])} if build.record else {}
     snapshot.build.served = build_identity(dist_info_of(env))
     if vouch and view.kind == "current" and not view.modified:

@@ -19,11 +19,13 @@ typing, nor anything of patch-dsv4.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
-from collections.abc import Callable, Iterable
-from io import TextIOBase as TextIO  # not typing: importing typing costs verify 2 ms
+
+TYPE_CHECKING = False  # not typing's: importing typing costs verify 2 ms
+if TYPE_CHECKING:  # the annotations only (postponed): verify imports neither collections.abc nor io for them
+    from collections.abc import Callable, Iterable
+    from io import TextIOBase as TextIO
 
 PACKAGE_PREFIX = "vllm/models/deepseek_v4/"
 V41_PREFIXES = ("vllm/models/deepseek_v41/", "vllm/models/deepseek_v4_1/")
@@ -284,21 +286,204 @@ def _is_shown_in_full(edit: dict) -> bool:
 
 
 def text_lines(doc: dict, style: Style, per_patch: Callable[[str], list[str]] | None = None) -> list[str]:
-    """A report's document for people, as lines (``per_patch`` adds lines under a patch: drift's fingerprints)."""
+    """A report's document for people, as lines (``per_patch`` adds lines under a patch: drift's fingerprints).
+
+    One line a patch: its id, its verdict and why in a few words; under a drifted, modified or foreign one, a
+    line per edit that decides it (where, and what was found). ``-v`` (verbosity 1) gives the files, every
+    sentence of evidence and the expected/found code: :func:`verbose_lines`.
+    """
     if style.verbosity < 0:
         return [doc["summary"]]
+    if style.verbosity > 0:
+        return verbose_lines(doc, style, per_patch)
+    lines = _head(doc, style)
+    patches = doc["patches"]
+    id_width = max((len(p["id"]) for p in patches), default=0) + 2
+    verdict_width = max((len(p["verdict"]) for p in patches), default=0) + 2
+    for patch in patches:
+        head = f"  {patch['id']:<{id_width}}"
+        verdict = _shown(patch)
+        shown = f"{verdict:<{verdict_width}}" if len(verdict) < verdict_width else verdict + "  "
+        room = style.width - len(head) - len(shown)
+        reason = reason_text(patch)
+        if len(reason) > room:  # cut to fit; where the lines under the row explain it, left out
+            reason = "" if patch["verdict"] in _NEEDS or room < 16 else fit(reason, room)
+        lines.append((head + style.paint(shown, patch["verdict"]) + reason).rstrip())
+        lines.extend(deciding_lines(patch, style.width))
+        lines.extend("      " + fit(kept, style.width - 6) for kept in kept_edits(patch))
+        extras = per_patch(patch["id"]) if per_patch is not None else []
+        if extras:  # drift's enclosing functions worth a look, counted by status ("... new"): -v lists them
+            counts: dict[str, int] = {}
+            for extra in extras:
+                status = extra.rsplit(" ", 1)[-1]
+                counts[status] = counts.get(status, 0) + 1
+            text = ", ".join(f"{n} {status}" for status, n in counts.items())
+            lines.append(_edit_line(f"enclosing functions: {text} (-v lists them)", "", style.width))
+    build = doc["build"]
+    if build is not None and not build["known"]:
+        lines.extend(_wrap(build["detail"], style.width, ""))
+    if doc["changed_files"] and doc["backups"]:  # the closing line counts the files; -v lists them
+        lines.extend(_wrap(f"backups: {doc['backups']}", style.width, ""))
+    for saved in doc["saved_edits"]:
+        lines.extend(_wrap(f"your edit is saved as {saved}", style.width, ""))
+    for note in doc["notes"]:
+        if build is None or note != build["detail"]:  # said once, above
+            lines.extend(_wrap(f"note: {note}", style.width, ""))
+    lines.append(doc["summary"])
+    return lines
+
+
+def _head(doc: dict, style: Style) -> list[str]:
+    """The release judged and where (one line, wrapped only where a path is long), then what kind of build."""
     fi = doc["flashinfer_version"] or "none"
     if doc["flashinfer_source"]:
         fi += f", {doc['flashinfer_source']}"
     lines = _wrap(f"vLLM {doc['vllm_version']} (FlashInfer {fi}) at {doc['target']}", style.width, "")
-    build = doc["build"]
     facts = []
-    if build is not None:
-        facts.append("known build" if build["known"] else "unknown build")
+    if doc["build"] is not None:
+        facts.append("known build" if doc["build"]["known"] else "unknown build")
     if doc["state"] is not None:
         facts.append(f"state: {doc['state']}")
     if facts:
         lines.append("; ".join(facts))
+    return lines
+
+
+def fit(text: str, room: int) -> str:
+    """``text`` whole if it fits in ``room`` columns, else cut at a space with ``...`` (the rest is under -v)."""
+    if len(text) <= room:
+        return text
+    cut = text[: max(0, room - 3)]
+    if " " in cut:
+        cut = cut[: cut.rindex(" ")]
+    return cut.rstrip(" ,;:(") + "..."
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+#: What a verdict that needs action means, in a few words (the edits under it say where).
+_NEEDS = {
+    "drifted": "needed, but the code no longer matches its anchor",
+    "modified": "changed since patch-dsv4 wrote it",
+    "foreign": "another tool's edit",
+}
+
+
+def reason_text(patch: dict) -> str:
+    """Why a patch has its verdict, in a few words: what ``status`` prints beside it."""
+    verdict = patch["verdict"]
+    deciding = [e for e in patch["edits"] if e["verdict"] == verdict]
+    files = list(dict.fromkeys(e["file"] for e in deciding)) or list(patch["files"])
+    if verdict == "opt-in":
+        if any(e["foreign"] for e in patch["edits"]):  # -v names the script
+            return f"another tool's edit: takeover --with {patch['id']}"
+        return f"apply --with {patch['id']} to use it"
+    if verdict == "pending":
+        return f"needed: apply patches {_plural(len(files), 'file')}"
+    if verdict == "applied":
+        return f"our edit, intact, in {_plural(len(files), 'file')}"
+    if verdict in _NEEDS:
+        return _NEEDS[verdict]
+    sentences = [_short_paths_in(e["detail"]) for e in deciding if e["detail"]] or [_short_paths_in(patch["detail"])]
+    if verdict == "upstream":
+        return _fixed_where(list(dict.fromkeys(_where_fixed(s) for s in sentences)))
+    return _first_clause(sentences[0])
+
+
+def _first_clause(sentence: str) -> str:
+    """A sentence up to its first ``: ``, without a closing parenthesis that names a file (said under -v)."""
+    clause = sentence.split(": ", 1)[0]
+    head, sep, last = clause.rpartition(" (")
+    return head if sep and last.endswith(")") and ".py" in last else clause
+
+
+def _where_fixed(sentence: str) -> str:
+    """Where an ``upstream`` sentence says the fix is: its file, else its first clause."""
+    first = sentence.split(" ", 1)[0].rstrip(":,;")
+    if first.endswith(".py"):
+        return first
+    return sentence.split(": ", 1)[0]
+
+
+def _fixed_where(places: list[str]) -> str:
+    """``fixed in a.py, b.py +2 more``: as many places as a line holds (:func:`fit` cuts the rest)."""
+    text = ", ".join(places)
+    if places and places[0].endswith(".py"):
+        text = "fixed in " + text
+    if len(places) > 1 and len(text) > 48:
+        shown = "fixed in " + places[0] if places[0].endswith(".py") else places[0]
+        return f"{shown} +{len(places) - 1} more"
+    return text
+
+
+def deciding_lines(patch: dict, width: int) -> list[str]:
+    """Under a drifted, modified or foreign patch, a line for each file and finding that decides it: the file,
+    what was found, and the scopes where it fits (the expected and found code is under -v)."""
+    if patch["verdict"] not in _NEEDS:
+        return []
+    found: dict[tuple[str, str], list[str]] = {}
+    for edit in patch["edits"]:
+        if edit["verdict"] == patch["verdict"]:
+            found.setdefault((short_path(edit["file"]), _what(edit)), []).append(edit["scope"])
+    lines = []
+    for (file, what), scopes in found.items():
+        methods = list(dict.fromkeys(scope.rsplit(".", 1)[-1] for scope in scopes))
+        count = f"{len(scopes)}x " if len(scopes) > len(methods) else ""
+        tries = [f"{what} ({', '.join(dict.fromkeys(scopes))})", f"{what} ({count}{', '.join(methods)})"]
+        room = width - 8 - len(file)
+        text = next((t for t in tries if len(t) <= room), None)
+        lines.append(f"      {file}: {text}" if text else _edit_line(file, what, width))
+    return lines
+
+
+#: How an edit's evidence says that another tool's edit, with no equivalent here, stays (patch_dsv4.edits.KeptEdit).
+_KEPT = "; patch-dsv4 leaves it in place"
+
+
+def kept_edits(patch: dict) -> list[str]:
+    """Other tools' edits in the patch's scopes that stay where they are, one line each: ``<script> (<tool>)
+    edited <file>: left in place`` (the scope, and what it means for serving, are under -v)."""
+    found = []
+    for edit in patch["edits"]:
+        if _KEPT not in edit["detail"]:
+            continue
+        import re  # only where another tool's edit stands (the floor's wrapper has imported it anyway)
+
+        for match in re.finditer(r"(\S+ \([^()]*\)) edited (\S+) \([^()]*\):", edit["detail"]):
+            found.append(f"{match[1]} edited {match[2]}: left in place")
+    return list(dict.fromkeys(found))
+
+
+def _what(edit: dict) -> str:
+    """An edit's detail without what its line says already: the edit's label, its file and its scope."""
+    what = _short_paths_in(edit["detail"])
+    if what.startswith(edit["label"] + ": "):
+        what = what[len(edit["label"]) + 2 :]
+    if edit["foreign"] and what.startswith(edit["foreign"]) and "; " in what:
+        return what.split("; ", 1)[1]  # the script is named beside the verdict: what its edit means for serving
+    short = short_path(edit["file"])
+    what = what.replace(f" in {short} ({edit['scope']})", "")
+    if what.startswith(short + " "):
+        what = what[len(short) + 1 :]
+    return what.split(" (was ", 1)[0]  # modified: what the edit was is said under -v
+
+
+def _edit_line(where: str, what: str, width: int) -> str:
+    """``      where: what``, on one line: the place whole, what was found cut to fit (all of it under -v)."""
+    line = "      " + where
+    room = width - len(line) - 2
+    if what and room >= 12:
+        line += ": " + fit(what, room)
+    return line
+
+
+def verbose_lines(doc: dict, style: Style, per_patch: Callable[[str], list[str]] | None = None) -> list[str]:
+    """``-v``: each patch's files, every sentence of its evidence, and the code expected and found where an
+    edit drifted or changed; the backups, the fingerprint."""
+    lines = _head(doc, style)
+    build = doc["build"]
     patches = doc["patches"]
     id_width = max((len(p["id"]) for p in patches), default=0) + 2
     verdict_width = max((len(p["verdict"]) for p in patches), default=0) + 2
@@ -312,21 +497,20 @@ def text_lines(doc: dict, style: Style, per_patch: Callable[[str], list[str]] | 
         else:
             lines.append(head + style.paint(verdict, patch["verdict"]))
             lines.extend(_wrap(files, style.width, " " * (len(head) + verdict_width)))
-        for sentence in _evidence(patch, style.verbosity > 0):
+        for sentence in _evidence(patch, True):
             lines.extend(_wrap_fitting(sentence, style.width, "      "))
         for extra in per_patch(patch["id"]) if per_patch is not None else ():
             lines.extend(_wrap_fitting(extra, style.width, "      "))
         for edit in patch["edits"]:
-            found = edit["found"]
-            if _is_shown_in_full(edit) and (style.verbosity > 0 or (found is not None and found not in edit["detail"])):
+            if _is_shown_in_full(edit):
                 lines.append(f"      in {short_path(edit['file'])}:{edit['scope']}, expected:")
                 lines.extend("        " + line for line in edit["expected"].splitlines())
-                if found is not None:
+                if edit["found"] is not None:
                     lines.append("      found:")
-                    lines.extend("        " + line for line in found.splitlines()[:12])
-    if build is not None and (style.verbosity > 0 or not build["known"]):
+                    lines.extend("        " + line for line in edit["found"].splitlines()[:12])
+    if build is not None:
         lines.extend(_wrap(build["detail"], style.width, ""))
-    if style.verbosity > 0 and doc.get("fingerprint"):
+    if doc.get("fingerprint"):
         # on a line of its own, never folded (people copy it whole), indented as the code shown above
         lines += ["fingerprint of what this tree serves:", f"        {doc['fingerprint']}"]
     if doc["changed_files"]:
@@ -344,7 +528,9 @@ def text_lines(doc: dict, style: Style, per_patch: Callable[[str], list[str]] | 
 
 # -- markdown ----------------------------------------------------------------------------------
 def markdown(doc: dict, extra_head: str = "", extra_columns: dict[str, str] | None = None) -> str:
-    """A report's document as markdown: a table a patch, evidence in full, notes and the summary."""
+    """A report's document as markdown: a row a patch (its verdict and why), where a drifted, modified or
+    foreign one stands, then every patch's files and evidence and the expected/found code in a collapsed
+    section, the notes and the summary."""
     extra_columns = extra_columns or {}
     head = f"**patch-dsv4 {doc['command']}**: vLLM {doc['vllm_version']}"
     head += f", FlashInfer {doc['flashinfer_version'] or 'none'}" + (
@@ -352,14 +538,24 @@ def markdown(doc: dict, extra_head: str = "", extra_columns: dict[str, str] | No
     )
     if doc["build"] is not None:
         head += f"; {'known' if doc['build']['known'] else 'unknown'} build"
-    columns = ["patch", "verdict", "files", *([extra_head] if extra_head else []), "evidence"]
+    columns = ["patch", "verdict", "why", *([extra_head] if extra_head else [])]
     lines = [head, "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for p in doc["patches"]:
-        cells = [f"`{p['id']}`", _shown(p), "<br>".join(f"`{short_path(f)}`" for f in p["files"]) or "-"]
+        cells = [f"`{p['id']}`", _shown(p), _cell(reason_text(p))]
         if extra_head:
             cells.append(extra_columns.get(p["id"], "-"))
-        cells.append(_cell(" ".join(dict.fromkeys(e["detail"] for e in p["edits"])) or p["detail"]))
         lines.append("| " + " | ".join(cells) + " |")
+    lines.append("")
+    for p in doc["patches"]:
+        for line in deciding_lines(p, 1 << 16):
+            lines.append(f"- **{p['id']}**: `{_cell(line.strip()).replace(': ', '`: ', 1)}")
+    if any(deciding_lines(p, 1) for p in doc["patches"]):
+        lines.append("")
+    lines += ["<details><summary>files and evidence</summary>", ""]
+    for p in doc["patches"]:
+        files = ", ".join(f"`{short_path(f)}`" for f in p["files"]) or "-"
+        evidence = " ".join(dict.fromkeys(e["detail"] for e in p["edits"])) or p["detail"]
+        lines.append(f"- **{p['id']}** ({_shown(p)}; {files}): {_cell(evidence)}")
     lines.append("")
     for p in doc["patches"]:
         for e in p["edits"]:
@@ -375,6 +571,7 @@ def markdown(doc: dict, extra_head: str = "", extra_columns: dict[str, str] | No
                 if e["found"] is not None:
                     lines += ["found:", "```python", e["found"].rstrip("\n"), "```"]
                 lines.append("")
+    lines += ["</details>", ""]
     lines.extend(f"- {_cell(note)}" for note in doc["notes"])
     if doc["diff"]:
         lines += ["", "```diff", doc["diff"].rstrip("\n"), "```"]
@@ -388,6 +585,8 @@ def _cell(text: str) -> str:
 
 # -- writing -----------------------------------------------------------------------------------
 def write_json(document: dict, stream: TextIO | None = None) -> None:
+    import json  # here, not at the top: verify's fast path writes no JSON unless asked for it (json costs 1-2 ms)
+
     (stream or sys.stdout).write(json.dumps(document, indent=2) + "\n")
 
 

@@ -9,7 +9,16 @@ from dataclasses import replace
 
 from patch_dsv4 import serving
 from patch_dsv4.errors import EXIT_OK
-from patch_dsv4.pipeline import Committed, Judged, Plan, Snapshot, as_opt_in, state_notes, unrecorded_notes
+from patch_dsv4.pipeline import (
+    Committed,
+    Judged,
+    Plan,
+    Snapshot,
+    as_opt_in,
+    state_notes,
+    unrecorded_notes,
+    unreplaceable_notes,
+)
 from patch_dsv4.verdicts import PatchReport, Report, Verdict, next_step, summary_line
 
 
@@ -54,7 +63,7 @@ def status_report(state: Snapshot, judged: Judged, command: str = "status", aske
     """
     opt_in = state.opt_in_kept | set(asked)
     reports = as_opt_in(judged.reports, state.patches, opt_in)
-    notes = [*state_notes(state.view), *unrecorded_notes(judged.now, state.view)]
+    notes = [*state_notes(state.view), *unrecorded_notes(judged.now, state.view), *unreplaceable_notes(state)]
     out = report(state, command, reports, state.kind, notes=notes)
     bad = [r for r in reports if r.verdict.needs_action]
     if any(r.verdict is Verdict.FOREIGN for r in bad):  # the way out is not apply: say which it is

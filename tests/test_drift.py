@@ -160,8 +160,11 @@ def test_changed_anchor_is_drifted(version, tmp_path, cli):
     assert [a["status"] for a in patch["anchors"] if a["file"] == VL_MODEL] == ["drifted"]
     assert not data["build"]["known"]
     assert "drifted" in data["summary"]
-    table = cli("drift", "--wheel", whl)
-    assert table.code == 1 and "expected:" in table.stdout and "found:" in table.stdout
+    table = cli("drift", "--wheel", whl)  # where, at once; the code expected and found under -v
+    assert table.code == 1 and "      common/vl_model.py: anchor not found (load_weights)" in table.stdout.splitlines()
+    assert "expected:" not in table.stdout
+    verbose = cli("drift", "--wheel", whl, "-v")
+    assert verbose.code == 1 and "expected:" in verbose.stdout and "found:" in verbose.stdout
     markdown = cli("drift", "--wheel", whl, "--format", "markdown")
     assert markdown.code == 1 and "```python" in markdown.stdout
 

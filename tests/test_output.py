@@ -29,24 +29,97 @@ SCHEMA = json.loads((ROOT / "patcher" / "report.schema.json").read_text())
 
 
 # -- lines for people -----------------------------------------------------------------------
+# Each patch's row on a pristine release (the header names the tree, and may wrap where its path is long).
+ROWS = {
+    "0.28.0": [
+        "  aux-streams       opt-in          apply --with aux-streams to use it",
+        "  dense-exl3        opt-in          apply --with dense-exl3 to use it",
+        "  dtype-policy      pending         needed: apply patches 2 files",
+        "  exl3-wo-a-slices  opt-in          apply --with exl3-wo-a-slices to use it",
+        "  loader-skips      pending         needed: apply patches 2 files",
+        "  stream-load       not-applicable  no vision class in this release",
+        "  wide-swa          not-applicable  prefill window rows stay window_size...",
+    ],
+    "0.30.0": [
+        "  aux-streams       opt-in    apply --with aux-streams to use it",
+        "  dense-exl3        opt-in    apply --with dense-exl3 to use it",
+        "  dtype-policy      upstream  fixed in nvidia/ops/o_proj.py",
+        "  exl3-wo-a-slices  opt-in    apply --with exl3-wo-a-slices to use it",
+        "  loader-skips      upstream  fixed in common/vl_model.py +3 more",
+        "  stream-load       pending   needed: apply patches 3 files",
+        "  wide-swa          pending   needed: apply patches 2 files",
+    ],
+}
+
+
 @pytest.mark.parametrize("version", ["0.28.0", "0.30.0"])
-def test_status_fits_80_columns_one_line_a_patch(version, make_tree, cli):
+def test_status_fits_one_screen_a_line_a_patch(version, make_tree, cli):
     tree = make_tree(version)
     result = cli("status", "--site-packages", tree)
     lines = result.stdout.splitlines()
     assert all(len(line) <= 80 for line in lines), [line for line in lines if len(line) > 80]
     assert "\x1b" not in result.stdout and not any(ch in result.stdout for ch in "┏━│┃╇")
-    report = cli("status", "--site-packages", tree, "--json").json()
-    for patch in report["patches"]:
-        (row,) = [line for line in lines if line.startswith(f"  {patch['id']} ")]
-        assert patch["verdict"] in row
-        for file in patch["files"]:  # the short form, whole on one line
-            assert any(short_path(file) in line for line in lines), file
-    # evidence lines (indented 6; file lists continue at the files' column, and V4.1's files recur across patches)
-    sentences = [line.strip() for line in lines if line.startswith("      ") and not line.startswith(" " * 7)]
-    assert len(sentences) == len(set(sentences)), "an evidence line is printed twice"
-    assert len(lines) <= 40, result.stdout  # was 20 before V4.1's files and evidence joined V4's (0.30.0: 35)
+    assert "known build; state: none" in lines
+    assert lines[lines.index("known build; state: none") + 1 :] == [*ROWS[version], lines[-1]]
     assert lines[-1].startswith("status: ")
+    assert len(lines) <= 12, result.stdout  # V4.1 present (0.30.0 printed 34 lines before rows were one line)
+    # the files and the evidence are all under -v
+    verbose = cli("status", "--site-packages", tree, "-v").stdout
+    for patch in cli("status", "--site-packages", tree, "--json").json()["patches"]:
+        for file in patch["files"]:  # the short form, whole on one line
+            assert any(short_path(file) in line for line in verbose.splitlines()), file
+    assert "flashinfer_sparse.py" not in result.stdout  # a file of dtype-policy and wide-swa: -v names it
+
+
+def test_a_drifted_patch_says_where_at_once_and_the_code_under_v(make_tree, cli):
+    tree = make_tree("0.30.0")
+    text = (tree / VL_MODEL).read_text()
+    anchor = "mapped = iter(sorted(mapped, key=lambda x: x[0]))"
+    hand_edit(tree / VL_MODEL, text.replace(anchor, "mapped = iter(sorted(mapped, key=lambda x: (x[0], 0)))"))
+    lines = cli("status", "--site-packages", tree).stdout.splitlines()
+    row = lines.index("  stream-load       drifted   needed, but the code no longer matches its anchor")
+    assert lines[row + 1] == "      common/vl_model.py: anchor not found (load_weights)"
+    assert lines[row + 2].startswith("  wide-swa ")  # V4.1's files are untouched: one line, for the one file
+    assert anchor not in "\n".join(lines)  # the expected/found block is under -v
+    verbose = cli("status", "--site-packages", tree, "-v").stdout.splitlines()
+    at = verbose.index("      in common/vl_model.py:DeepseekV4ForConditionalGeneration.load_weights, expected:")
+    assert verbose[at + 1 : at + 4] == [
+        f"        {anchor}",
+        "      found:",
+        "        mapped = iter(sorted(mapped, key=lambda x: (x[0], 0)))",
+    ]
+
+
+def _readme_example(first: str) -> list[str]:
+    """The lines of the README's example (an indented block) that starts with the line ``first``."""
+    lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+    start = lines.index(first)
+    block = []
+    for line in lines[start + 1 :]:
+        if not line.startswith(" " * 4):
+            break
+        block.append(line[4:])
+    return block
+
+
+def test_the_readme_shows_what_status_prints(make_tree, cli):
+    """The README's example is status on a pristine 0.30.0 at 80 columns, byte for byte (rendered for the image's
+    site directory it names), and its drifted rows are those a hand-edited vision class gives."""
+    from patch_dsv4.render import Style, text_lines
+
+    example = _readme_example("    $ patch-dsv4 status")
+    tree = make_tree("0.30.0")
+    document = cli("status", "--site-packages", tree, "--json").json()
+    document["target"] = "/usr/local/lib/python3.12/dist-packages"
+    assert text_lines(document, Style(80)) == example
+    text = (tree / VL_MODEL).read_text()
+    anchor = "mapped = iter(sorted(mapped, key=lambda x: x[0]))"
+    hand_edit(tree / VL_MODEL, text.replace(anchor, "mapped = iter(sorted(mapped, key=lambda x: (x[0], 0)))"))
+    drifted = cli("status", "--site-packages", tree).stdout.splitlines()
+    readme = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+    at = readme.index("      stream-load       drifted   needed, but the code no longer matches its anchor")
+    shown = [line[4:] for line in readme[at : at + 2]]
+    assert drifted[drifted.index(shown[0]) : drifted.index(shown[0]) + 2] == shown
 
 
 def test_quiet_prints_the_closing_line_and_verbose_all_evidence(make_tree, cli):
@@ -56,17 +129,22 @@ def test_quiet_prints_the_closing_line_and_verbose_all_evidence(make_tree, cli):
     normal = cli("status", "--site-packages", tree).stdout
     verbose = cli("status", "--site-packages", tree, "-v").stdout
     assert "anchor matches" not in normal and "anchor matches" in verbose  # pending evidence only with -v
+    assert "deep_gemm_fp8_o_proj" not in normal and "deep_gemm_fp8_o_proj" in verbose  # upstream's, in full
     assert all(len(line) <= 80 for line in verbose.splitlines() if not line.startswith("        "))
 
 
 def test_apply_names_the_files_written_and_where_the_backups_are(make_tree, cli):
     tree = make_tree("0.30.0")
     out = cli("apply", "--site-packages", tree).stdout
-    assert f"  {VL_MODEL}\n" in out and f"  {FLASHINFER_SPARSE}\n" in out
     assert f"backups: {tree / '.patch-dsv4' / 'backups'}" in " ".join(out.split())  # may wrap before the path
+    assert "  stream-load       applied   our edit, intact, in 3 files\n" in out
+    assert out.splitlines()[-1] == "apply: 3 opt-in, 2 upstream, 2 applied; patched 5 file(s)"
+    assert VL_MODEL not in out  # the files written are listed with -v
     assert cli("verify", "--site-packages", tree, "-q").stdout.splitlines() == [
         "verify: 3 opt-in, 2 upstream, 2 applied; hashes match the recorded state"
     ]
+    listed = cli("revert", "--site-packages", tree, "-v").stdout
+    assert f"  {VL_MODEL}\n" in listed and f"  {FLASHINFER_SPARSE}\n" in listed
 
 
 def _in_a_terminal(args: list[str], env_extra: dict | None = None, columns: int = 80) -> str:
