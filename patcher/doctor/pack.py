@@ -104,15 +104,15 @@ def _index(text: str) -> int | None:
 # --------------------------------------------------------------------------- the scan
 
 
-def _expert_owner(prefix: str) -> tuple | None:
-    """For ``layers.L.ffn.experts.E`` (or ``mtp.``): ((block, L, E), block, (block, L)); None for any other name."""
+def _expert_owner(prefix: str) -> list | None:
+    """For ``layers.L.ffn.experts.E`` (or ``mtp.``): [0 bits, (block, L, E), (block, L), block]; else None."""
     parts = prefix.split(".")
     if len(parts) != 5 or parts[3] != "experts" or parts[2] != "ffn" or parts[0] not in ("layers", "mtp"):
         return None
     layer, expert = _index(parts[1]), _index(parts[4])
     if layer is None or expert is None:
         return None
-    return (parts[0], layer, expert), parts[0], (parts[0], layer)
+    return [0, (parts[0], layer, expert), (parts[0], layer), parts[0]]
 
 
 @dataclass
@@ -180,9 +180,11 @@ class PackScan:
     def add_shard(self, shard: Shard) -> None:
         # One loop over ~3,900 names per shard (188k in the pack): the routed-expert names, nearly all of them,
         # take the first branch. A name is cut at its last two dots (``layers.L.ffn.experts.E`` . ``w1`` .
-        # ``trellis``); what the first piece says is worked out once per expert (``owners``), not per tensor.
-        experts, layouts, widths, part_info = self.experts, self.expert_layouts, self.widths, EXPERT_PART_INFO
-        owners: dict[str, tuple | None] = {}  # this shard's "layers.L.ffn.experts.E" -> its keys, or None
+        # ``trellis``); what the first piece says is worked out once per expert (``owners``), not per tensor,
+        # and its tensors' bits gather there, into ``experts`` at the end (in the order the experts came).
+        layouts, widths, part_info = self.expert_layouts, self.widths, EXPERT_PART_INFO
+        owners: dict[str, list | None] = {}  # this shard's "layers.L.ffn.experts.E" -> _expert_owner's answer
+        found = []  # the owners with bits, in order
         pending = self._pending if shard.reads_data else None
         routed_markers = self.routed_marker_suffixes
         self.v41.add_payload(shard)
@@ -194,9 +196,9 @@ class PackScan:
             if owner is None:
                 self._add_other(shard, name, entry, name.split("."))
                 continue
-            key, head, block = owner
+            head = owner[3]
             if head == "mtp":
-                self.mtp_blocks.add(key[1])
+                self.mtp_blocks.add(owner[2][1])
                 start, end = entry["data_offsets"]
                 self.v41.mtp_bytes += end - start
             part = pieces[2]
@@ -204,7 +206,9 @@ class PackScan:
             if info is None:
                 continue
             mask, layout_part, is_marker = info
-            experts[key] = experts.get(key, 0) | mask
+            if not owner[0]:
+                found.append(owner)
+            owner[0] |= mask
             shape = entry["shape"]
             layout = (head, pieces[1], layout_part, entry["dtype"], tuple(shape))
             seen = layouts.get(layout)
@@ -222,7 +226,10 @@ class PackScan:
                     start, end = entry["data_offsets"]
                     pending.append((name, start, part, None if end - start == 4 else end - start))
             elif part == "trellis" and shape:
-                widths[block].setdefault(shape[-1], name)
+                widths[owner[2]].setdefault(shape[-1], name)
+        experts = self.experts
+        for mask, key, _, _ in found:
+            experts[key] = experts.get(key, 0) | mask
         if self._pending:
             self._read_markers(shard)
 
