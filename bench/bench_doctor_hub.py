@@ -13,6 +13,10 @@ tensors, real headers, sparse data) in a temporary directory, then, each run in 
    model_executor/model_loader/weight_utils.py laid over it (from the test cache: tests/releases.py; or, where
    that cache is absent, ``--tree`` a scratch vLLM 0.34.0 site-packages, whose weight_utils.py this overwrites,
    and ``--overlay-file`` 0.30.0's weight_utils.py).
+
+Measured (2-core shared host, 5 runs, the package's .pyc present): on disk 1.06 s wall, 1.00 s CPU, 108 MB
+(before issue 32 item 5's work: 1.50 s, 1.45 s, 108 MB); where the project's modules have no .pyc
+(PYTHONDONTWRITEBYTECODE set, an editable install) compiling them adds ~0.25 s to each run.
 """
 
 from __future__ import annotations

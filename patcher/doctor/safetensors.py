@@ -198,7 +198,13 @@ def _canonical_tensors(raw: bytes) -> tuple[dict, list] | str | None:
     except (ValueError, RecursionError) as exc:
         return f"header is not JSON ({clip(str(exc))})"
     del text
-    if type(header) is not dict or not raw.isascii() or b"\\u" in raw or b"-0" in raw:
+    # (a single byte is found by memchr: the two-byte searches, 10x slower, run only where it is there)
+    if (
+        type(header) is not dict
+        or not raw.isascii()
+        or (b"\\" in raw and b"\\u" in raw)
+        or (b"-" in raw and b"-0" in raw)
+    ):
         return None
     metadata = header.pop("__metadata__", ())
     if metadata is not None and metadata != ():
