@@ -254,7 +254,7 @@ def missing_imports(root: Path, version: str, suspects: list[str], paths: list[s
     those that hold one, each ``from X import`` statement (found by a pattern) whose X is a suspect module is
     parsed alone when it stands at module level; an indented one makes the file parsed in full, to tell a
     function's import from a guarded one."""
-    from patch_dsv4.resolve import _absolute
+    from patch_dsv4.follow import absolute_module
 
     tree = _Tree(root, version)
     suspect_set = set(suspects)
@@ -286,8 +286,7 @@ def missing_imports(root: Path, version: str, suspects: list[str], paths: list[s
         for match in _FROM.finditer(data):
             level = len(match.group(2)) - len(match.group(2).lstrip(b"."))
             name = match.group(2).lstrip(b".").decode("ascii", "replace")
-            probe = ast.ImportFrom(module=name or None, names=[], level=level)
-            if _absolute(module, probe, rel) in suspect_modules:
+            if absolute_module(module, rel.endswith("__init__.py"), level, name or None) in suspect_modules:
                 found.append(match)
         if not found:
             continue
@@ -303,7 +302,7 @@ def missing_imports(root: Path, version: str, suspects: list[str], paths: list[s
             statements.append((rel, node, False))
     found_missing: list[Missing] = []
     for rel, node, lazy in statements:
-        target_module = _absolute(module_of(rel), node, rel)
+        target_module = absolute_module(module_of(rel), rel.endswith("__init__.py"), node.level, node.module)
         if target_module.split(".")[0] != "vllm":
             continue
         target = tree.module_file(target_module)
