@@ -212,6 +212,10 @@ def wo_a_dtype_gate(ctx: Context, file: str, cls: str, method: str = "_o_proj") 
         layers = {a.rsplit(".", 1)[0] for a in aliases if a.endswith(".wo_a")}
         text = {ast.unparse(arg) for arg in [*call.args, *(k.value for k in call.keywords)]}
         receiver = ast.unparse(call.func.value) if isinstance(call.func, ast.Attribute) else None
+        if receiver in {f"{alias}.quant_method" for alias in aliases} and call.func.attr == "apply":
+            # wo_a's own quant method runs wo_a's weights in their own format (an EXL3 wo_a, no .weight): not the
+            # FP8 GEMM this patch is about, and no hand-over to code that could reach it unseen
+            return False
         carried = bool(text & (aliases | layers)) or receiver in aliases
         if not carried and receiver in layers:
             # layer.method(...) hands the layer on; layer.wo_b(...) calls another module: only a method counts
