@@ -2,10 +2,8 @@
 # ruff: noqa: E501  (the folder docstrings it writes are data, laid out as they will stand in the package)
 """Lay patch-dsv4's engine out in folders by what its modules are (issue 33, item 4): one scripted move.
 
-Prepared in the session of 2026-12-03 and proved on that day's tree (behaviour byte-identical, 12 floors, no
-circle), not yet run on main: the modules added since (doctor's source.py, hub.py, v41_*.py, overlay.py,
-family.py; follow.py, mounts.py) need their places checked first (--dry-run lists them), and doctor/run.py's
-CHECK_MODULES names "source", which registers pack.source but is a reader: give it a place before --commit.
+Prepared and proved on a copy of the tree first (behaviour byte-identical, 12 floors, no circle); every module
+main holds has its line in MOVES. A module added later is placed by RULES and listed "placed by rule": check it.
 
 Run it once, on a clean checkout of the final tree:
 
@@ -90,9 +88,11 @@ MOVES = {
     "rewrite.py": "patching",
     "fingerprint.py": "patching",
     "source.py": "patching",
+    "follow.py": "patching",  # the call-following facility every probe uses
     # the target environment
     "environment.py": "tree",
     "fs.py": "tree",
+    "mounts.py": "tree",  # mount points over site-packages, from /proc/self/mountinfo
     "state.py": "tree",
     "manifest_rules.py": "tree",
     # what a command says
@@ -106,7 +106,6 @@ MOVES = {
     "doctor/config.py": "doctor/checks",
     "doctor/shards.py": "doctor/checks",
     "doctor/experts.py": "doctor/checks",
-    "doctor/bits.py": "doctor/checks",
     "doctor/dense.py": "doctor/checks",
     "doctor/model.py": "doctor/checks",
     "doctor/runtime.py": "doctor/checks",
@@ -116,6 +115,12 @@ MOVES = {
     "doctor/family.py": "doctor/readers",  # which DeepSeek a pack is, and V4.1's config flattened as vLLM reads it
     "doctor/v41_scan.py": "doctor/readers",  # what the V4.1 rows read of the headers (PackScan.v41)
     "doctor/overlay.py": "doctor/checks",  # rt.overlay-imports
+    "doctor/v41_config.py": "doctor/checks",
+    "doctor/v41_tensors.py": "doctor/checks",
+    "doctor/v41_serving.py": "doctor/checks",
+    "doctor/v41_engram.py": "doctor/checks",
+    "doctor/source.py": "doctor/readers",  # where a pack's files come from: a directory or the Hub
+    "doctor/hub.py": "doctor/readers",  # the Hub, by range requests
     "doctor/pack.py": "doctor/readers",
     "doctor/safetensors.py": "doctor/readers",
     "doctor/serving_env.py": "doctor/readers",
@@ -220,22 +225,31 @@ host's). Each check is one function registered with readers.base.check: it reads
 distribution metadata only (never imports torch, vLLM, exllamav3 or the plugin, never loads a weight, never
 writes to the pack) and returns rows.
 
-    config   config.json and its quantization block
-    shards   the shard files, the index, the links
-    experts  every routed expert present, shaped as the config says, one K per layer
-    bits     the declared K per layer, the codebook markers
-    dense    the weights outside the routed experts, the MTP draft, the delegate
-    model    the model keys against the serving vLLM and flags
-    runtime  the serving interpreter's packages
-    environ  environment variables and serve flags
-    host     the GPUs, memory, page cache
+    v41_config   a DeepSeek-V4.1 pack's config, read flattened as vLLM reads it
+    config       config.json and its quantization block
+    shards       the shard files, the index, the links
+    v41_tensors  a V4.1 pack's kind, its Engram tables, backbone, experts and vision tower, from the headers
+    experts      every routed expert present, shaped as the config says, one K per layer; the trellis
+                 widths and the codebook markers
+    dense        the weights outside the routed experts, the MTP draft, the delegate
+    model        the model keys against the serving vLLM and flags
+    runtime      the serving interpreter's packages
+    v41_serving  V4.1's serving: DSpark, the EP filter, the topology, the indexer top-k, the streams, FlashInfer
+    v41_engram   the Engram tables against the host's memory
+    overlay      files of vLLM overlaid from another vLLM, and the names their importers lack
+    environ      environment variables and serve flags
+    host         the GPUs, memory, page cache
 
 May import: patch_dsv4.doctor.readers.
 """,
     "doctor/readers": """What doctor's checks read, and what they are made of.
 
     base         the rows doctor prints, the context every check reads, the check registry
+    family       which DeepSeek a pack is, and V4.1's nested config flattened as vLLM reads it
+    source       where a pack's files come from: a local directory, or a repository on the Hub
+    hub          a pack on the Hugging Face Hub, read by HTTP range requests (the optional extra)
     pack         the pack, read once: the shards' headers summarised, what config.json declares
+    v41_scan     what the V4.1 rows read of the headers
     safetensors  safetensors shard headers, and single marker tensors, read without loading a payload
     serving_env  what doctor reads of the serving environment, without importing any of it
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from patch_dsv4.environment import Environment
 from patch_dsv4.errors import EXIT_NEEDS_ACTION, EXIT_OK, EnvironmentProblem
 
-from .base import CHECKS, FAIL, STATUSES, CheckSpec, DoctorContext, Row, Runtime, clip, run_checks
+from .base import CHECKS, FAIL, INFO, STATUSES, CheckSpec, DoctorContext, Row, Runtime, check, clip, run_checks
 from .family import V4
 
 # The check modules, in report order; importing one registers its checks (base.check).
@@ -28,13 +28,11 @@ PACK_CHECK_MODULES = (
     "config",  # pack.config, pack.text-config, quant.method, quant.bits, quant.codebook
     "shards",  # pack.shards, pack.index, pack.symlinks
     "v41_tensors",  # v41.pack-kind, v41.engram-tables, v41.backbone, v41.experts, v41.vision (V4.1 only)
-    "experts",  # experts.complete, experts.shapes, experts.one-k
-    "bits",  # quant.layer-bits, experts.markers
+    "experts",  # experts.complete, experts.shapes, experts.one-k, quant.layer-bits, experts.markers
     "dense",  # dense.policy, mtp.format, quant.delegate, dense.exl3-map, dense.wo-a-slices
     "model",  # config.topk-method, config.hash-layers, config.vision, config.spec-k
 )
 CHECK_MODULES = (
-    "source",  # pack.source: for a pack on the Hub only, the commit judged and the bytes read
     *PACK_CHECK_MODULES,
     "runtime",  # rt.*: the serving interpreter's packages (vLLM, FlashInfer, exllamav3, the plugin, torch)
     "v41_serving",  # v41.*: DSpark, EP filter, topology, indexer top-k, streams, FlashInfer (V4.1 only)
@@ -72,6 +70,26 @@ V4_ONLY = frozenset(
         "host.sorted-load",  # V4's vision class
     }
 )
+
+
+# The report's first row, about the run itself: registered here, before the check modules are imported.
+@check("pack.source", needs=("pack",))
+def check_source(ctx: DoctorContext) -> list[Row]:
+    """INFO, for a pack on the Hub only: the commit judged and the bytes read to judge it (its config.json,
+    index and shard headers are read first, so the count is the run's)."""
+    source = ctx.source
+    if not source.remote:
+        return []
+    from .base import PackUnreadable
+    from .pack import pack_index, pack_scan
+
+    try:
+        ctx.config()
+    except PackUnreadable:
+        pass  # pack.config says why
+    pack_index(ctx)
+    pack_scan(ctx)
+    return [Row("pack.source", INFO, source.summary())]
 
 
 def _register_checks() -> None:

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .base import INFO, DoctorContext, Row, check, read_regular_file
+from .base import read_regular_file
 from .safetensors import Budget, Shard
 
 HUB_SCHEME = "hf://"
@@ -116,22 +116,3 @@ def open_source(pack: str | Path) -> PackSource:
 
         return HubSource.open(pack)
     return LocalSource(Path(pack))
-
-
-@check("pack.source", needs=("pack",))
-def check_source(ctx: DoctorContext) -> list[Row]:
-    """INFO, for a pack on the Hub only: the commit judged and the bytes read to judge it (its config.json,
-    index and shard headers are read first, so the count is the run's)."""
-    source = ctx.source
-    if not source.remote:
-        return []
-    from .base import PackUnreadable
-    from .pack import pack_index, pack_scan
-
-    try:
-        ctx.config()
-    except PackUnreadable:
-        pass  # pack.config says why
-    pack_index(ctx)
-    pack_scan(ctx)
-    return [Row("pack.source", INFO, source.summary())]
