@@ -15,7 +15,9 @@ and recipe builders come from this checkout's tests/, so both sides get the same
   takeover --dry-run, revert;
 - MiaAI's kit (tests/miaai_trees.py): one script on 0.30.0 and 0.33.0 taken over from the release's wheel (apply
   --with refused, takeover --dry-run, takeover, verify, revert), the whole kit on 0.30.0, and on the nightly
-  layout (takeover refused, apply). The wheels come from the tests' cache, and pip reaches no index.
+  layout (takeover refused, apply). The wheels come from the tests' cache, and pip reaches no index;
+- list (table, --json, --verbose), anchors record --all --check, drift --strict on every release (table, -v,
+  --json), doctor on 0.30.0 and 0.34.0 with a small V4 MixedK pack and every V4.1 variant (table and --json).
 
 Per step it records the exit status, stdout and stderr (the tree's path and temp dirs replaced by placeholders)
 and the manifest as it stands after the step (sorted keys; its patch_digest, the hash of the checkout's own sources,
@@ -209,6 +211,39 @@ run(case, tree, "apply", "--json")
 both(case, tree, "verify")
 run(case, tree, "revert", "--json")
 
+def run_plain(case, *args):  # commands without a target tree
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with redirect_stdout(stdout), redirect_stderr(stderr):
+        code = main(list(args))
+    steps.append({
+        "case": case,
+        "args": " ".join(args),
+        "code": code,
+        "stdout": normalise(stdout.getvalue(), work),
+        "stderr": normalise(stderr.getvalue(), work),
+        "manifest": None,
+    })
+
+
+for extra in ("", "--json", "--verbose"):
+    run_plain("list", "list", *([extra] if extra else []))
+run_plain("anchors", "anchors", "record", "--all", "--check")
+wheels = str(cache_dir() / "wheels")
+for version in RELEASES:
+    for extra in ("", "-v", "--json"):
+        run_plain(f"drift {version}", "drift", "--vllm-version", version, "--strict", "--cache-dir", wheels,
+                  *([extra] if extra else []))
+
+from tests.doctor.synthetic import SMALL, build_mixedk_pack
+from tests.doctor.synthetic_v41 import SMALL41, VARIANTS, build_v41_pack, build_v41_variant
+
+packs = {"v4 mixedk": build_mixedk_pack(work / "pack-v4", SMALL)}
+for name in VARIANTS:
+    packs[f"v41 {name}"] = build_v41_variant(work / f"pack-v41-{name}", name, SMALL41)
+for version in ("0.30.0", "0.34.0"):
+    tree = fresh(f"doctor-{version}", version)
+    for name, pack in packs.items():
+        both(f"doctor {version} {name}", tree, "doctor", "--pack", str(pack))
 Path(out).write_text(json.dumps(steps, indent=1))
 print(f"{len(steps)} steps, {sum(s['manifest'] is not None for s in steps)} manifests")
 """
