@@ -34,7 +34,7 @@ CHILD = """
 import json, resource, sys, time
 from pathlib import Path
 start = time.perf_counter()
-from patch_dsv4.doctor.base import DoctorContext, run_checks
+from patch_dsv4.doctor.readers.base import DoctorContext, run_checks
 from patch_dsv4.doctor.run import pack_checks
 ctx = DoctorContext.from_serve_args(sys.argv[2], pack=Path(sys.argv[1]))
 rows = run_checks(ctx, pack_checks())

@@ -45,7 +45,7 @@ LOCAL = """
 import json, resource, sys, time
 start, cpu = time.perf_counter(), time.process_time()
 from pathlib import Path
-from patch_dsv4.doctor.base import DoctorContext, run_checks
+from patch_dsv4.doctor.readers.base import DoctorContext, run_checks
 from patch_dsv4.doctor.run import pack_checks
 rows = run_checks(DoctorContext(pack=Path(sys.argv[1])), pack_checks())
 print(json.dumps({
@@ -57,9 +57,9 @@ print(json.dumps({
 HUB = """
 import json, resource, sys, time
 start, cpu = time.perf_counter(), time.process_time()
-from patch_dsv4.doctor.base import CHECKS, DoctorContext, run_checks
+from patch_dsv4.doctor.readers.base import CHECKS, DoctorContext, run_checks
 from patch_dsv4.doctor.run import _read_hub_pack, _register_checks, pack_checks
-from patch_dsv4.doctor.source import open_source
+from patch_dsv4.doctor.readers.source import open_source
 ctx = DoctorContext(pack=open_source(sys.argv[1]))
 _read_hub_pack(ctx)
 _register_checks()
@@ -84,8 +84,8 @@ OVERLAY = """
 import json, sys, time
 start = time.perf_counter()
 from pathlib import Path
-from patch_dsv4.doctor.base import DoctorContext, Runtime
-from patch_dsv4.doctor.overlay import check_overlay_imports
+from patch_dsv4.doctor.readers.base import DoctorContext, Runtime
+from patch_dsv4.doctor.checks.overlay import check_overlay_imports
 tree = Path(sys.argv[1])
 row = check_overlay_imports(DoctorContext(runtime=Runtime(site_dirs=(tree,), vllm_root=tree, vllm_version="0.34.0")))
 print(json.dumps({"seconds": time.perf_counter() - start, "status": row.status, "detail": row.detail}))

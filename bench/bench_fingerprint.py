@@ -84,7 +84,7 @@ def measure(runs: dict[str, tuple], repeat: int) -> dict[str, tuple[float, float
 
 MICRO = r"""
 import sys, time
-from patch_dsv4 import quick, serving
+from patch_dsv4.fastpath import quick, serving
 site = quick.locate([sys.argv[1]])
 known = quick.known_judgement(site)
 n = 300

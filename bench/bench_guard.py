@@ -142,7 +142,7 @@ def _trimmed(tree: Path, installed: Path, to: Path) -> Path:
     file the state or the anchors record names), copied to ``to``: a few MB to carry to another machine."""
     import shutil
 
-    from patch_dsv4.quick import PACKAGE_DIRS  # this checkout's; the same three in both
+    from patch_dsv4.fastpath.quick import PACKAGE_DIRS  # this checkout's; the same three in both
 
     manifest = json.loads((tree / ".patch-dsv4" / "manifest.json").read_text())
     version = manifest["vllm_version"]

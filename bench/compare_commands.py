@@ -51,7 +51,7 @@ sys.path[:0] = [package, root]
 import patch_dsv4
 assert patch_dsv4.__file__.startswith(package), patch_dsv4.__file__
 from patch_dsv4.cli import main
-from patch_dsv4.quick import patch_digest
+from patch_dsv4.fastpath.quick import patch_digest
 from tests import miaai_trees as M
 from tests.recipe_trees import run_chain
 from tests.releases import RELEASES, cache_dir, copy_tree, hand_edit, pristine_tree, wheel

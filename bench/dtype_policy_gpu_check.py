@@ -40,8 +40,8 @@ def prepare(directory: str) -> None:
     for name, (version, relpath) in SOURCES.items():
         (out / name).write_bytes(wheel_file(version, relpath))
     # the helper exactly as patches/dtype_policy.py injects it (a real function there, no longer a HELPER string)
-    from patch_dsv4.edits import helper_source
     from patch_dsv4.patches.dtype_policy import _patch_dsv4_bf16_o_proj
+    from patch_dsv4.patching.edits import helper_source
 
     (out / "helper.py").write_text(helper_source(_patch_dsv4_bf16_o_proj))
 

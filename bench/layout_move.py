@@ -19,10 +19,10 @@ What it does, in this order (all decided before anything is touched; it stops at
    and a ``May import:`` paragraph that bench/import_map.py checks); doctor/'s and the package's own
    ``__init__`` docstrings get the layout appended.
 3. Rewrites every reference in the tracked text files (.py, .md, .toml, .yml, .in, .ci/*; not anchors' JSON):
-   import statements (``from patch_dsv4 import quick, render`` is split by folder; relative imports under
-   patcher/ become absolute), dotted names anywhere (``patch_dsv4.quick.vouched``, ``"patch_dsv4.commands"``
+   import statements (``from patch_dsv4.fastpath import quick; from patch_dsv4.output import render`` is split by folder; relative imports under
+   patcher/ become absolute), dotted names anywhere (``patch_dsv4.fastpath.quick.vouched``, ``"patch_dsv4.pipeline.commands"``
    in a test's list, monkeypatch targets, docstrings), import statements inside strings, and paths
-   (``patcher/quick.py``, ``patch_dsv4/quick.py``, ``doctor/base.py``). Each file is rewritten in one pass from
+   (``patcher/fastpath/quick.py``, ``patch_dsv4/fastpath/quick.py``, ``doctor/readers/base.py``). Each file is rewritten in one pass from
    its original text, so a new name is never rewritten again (the folder ``pipeline/`` has the old module
    ``pipeline``'s name). One code change: doctor/run.py imports its check modules from ``checks``.
 4. pyproject's ``packages`` lists every subpackage; a CHANGELOG line.
@@ -103,27 +103,27 @@ MOVES = {
     "doctor/__init__.py": "doctor",
     "doctor/run.py": "doctor",
     "doctor/fix_config.py": "doctor",
-    "doctor/config.py": "doctor/checks",
-    "doctor/shards.py": "doctor/checks",
-    "doctor/experts.py": "doctor/checks",
-    "doctor/dense.py": "doctor/checks",
-    "doctor/model.py": "doctor/checks",
-    "doctor/runtime.py": "doctor/checks",
-    "doctor/environ.py": "doctor/checks",
-    "doctor/host.py": "doctor/checks",
-    "doctor/base.py": "doctor/readers",
-    "doctor/family.py": "doctor/readers",  # which DeepSeek a pack is, and V4.1's config flattened as vLLM reads it
-    "doctor/v41_scan.py": "doctor/readers",  # what the V4.1 rows read of the headers (PackScan.v41)
-    "doctor/overlay.py": "doctor/checks",  # rt.overlay-imports
-    "doctor/v41_config.py": "doctor/checks",
-    "doctor/v41_tensors.py": "doctor/checks",
-    "doctor/v41_serving.py": "doctor/checks",
-    "doctor/v41_engram.py": "doctor/checks",
-    "doctor/source.py": "doctor/readers",  # where a pack's files come from: a directory or the Hub
-    "doctor/hub.py": "doctor/readers",  # the Hub, by range requests
-    "doctor/pack.py": "doctor/readers",
-    "doctor/safetensors.py": "doctor/readers",
-    "doctor/serving_env.py": "doctor/readers",
+    "doctor/checks/config.py": "doctor/checks",
+    "doctor/checks/shards.py": "doctor/checks",
+    "doctor/checks/experts.py": "doctor/checks",
+    "doctor/checks/dense.py": "doctor/checks",
+    "doctor/checks/model.py": "doctor/checks",
+    "doctor/checks/runtime.py": "doctor/checks",
+    "doctor/checks/environ.py": "doctor/checks",
+    "doctor/checks/host.py": "doctor/checks",
+    "doctor/readers/base.py": "doctor/readers",
+    "doctor/readers/family.py": "doctor/readers",  # which DeepSeek a pack is, and V4.1's config flattened as vLLM reads it
+    "doctor/readers/v41_scan.py": "doctor/readers",  # what the V4.1 rows read of the headers (PackScan.v41)
+    "doctor/checks/overlay.py": "doctor/checks",  # rt.overlay-imports
+    "doctor/checks/v41_config.py": "doctor/checks",
+    "doctor/checks/v41_tensors.py": "doctor/checks",
+    "doctor/checks/v41_serving.py": "doctor/checks",
+    "doctor/checks/v41_engram.py": "doctor/checks",
+    "doctor/readers/source.py": "doctor/readers",  # where a pack's files come from: a directory or the Hub
+    "doctor/readers/hub.py": "doctor/readers",  # the Hub, by range requests
+    "doctor/readers/pack.py": "doctor/readers",
+    "doctor/readers/safetensors.py": "doctor/readers",
+    "doctor/readers/serving_env.py": "doctor/readers",
 }
 # The likely names of modules the other branches add (first match wins); MOVES overrides them. Check each one
 # the plan shows as placed "by rule": a check module that reads, or a reader named like a check, needs its line.
@@ -132,10 +132,10 @@ RULES = [
     ("doctor/vision*.py", "doctor/checks"),
     ("doctor/check_*.py", "doctor/checks"),
     (
-        "doctor/source.py",
+        "doctor/readers/source.py",
         "doctor/readers",
     ),  # where a pack comes from (a folder, the hub)
-    ("doctor/hub.py", "doctor/readers"),
+    ("doctor/readers/hub.py", "doctor/readers"),
     ("doctor/*_source.py", "doctor/readers"),
     ("doctor/pack_*.py", "doctor/readers"),
     (
@@ -260,7 +260,7 @@ DOCTOR_LAYOUT = """
 Layout: ``run`` (the command) and ``fix_config`` (``--fix-config``'s writer) here; the checks in ``checks/``;
 what they read, and the rows and context they share, in ``readers/``.
 
-May import: patch_dsv4.doctor, patch_dsv4.pipeline, patch_dsv4.fastpath, patch_dsv4.tree, patch_dsv4.output.
+May import: patch_dsv4.doctor, patch_dsv4.pipeline.values, patch_dsv4.fastpath, patch_dsv4.tree, patch_dsv4.output.
 """
 PACKAGE_DOC = '''"""patch-dsv4: versioned, verifiable source edits to vLLM's DeepSeek-V4 code.
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import patch_dsv4.state
+import patch_dsv4.tree.state
 from tests.conftest import run_cli
 from tests.releases import content_snapshot, copy_tree, pristine_tree
 from tests.test_safety import run_ranks
@@ -31,7 +31,7 @@ def main() -> None:
     parser.add_argument("--version", default="0.30.0")
     args = parser.parse_args()
     if args.no_lock:
-        patch_dsv4.state.StateStore.lock = lambda self, timeout, on_wait=None: contextlib.nullcontext()
+        patch_dsv4.tree.state.StateStore.lock = lambda self, timeout, on_wait=None: contextlib.nullcontext()
     for trial in range(args.trials):
         work = Path(tempfile.mkdtemp())
         tree = copy_tree(pristine_tree(args.version), work / "site-packages")

@@ -30,8 +30,8 @@ def main() -> None:
         from bench.compare_commands import package_of
 
         sys.path.insert(0, str(package_of(args.checkout.resolve(), Path(tempfile.mkdtemp()))))
-    from patch_dsv4 import commands
-    from patch_dsv4.environment import locate_vllm
+    from patch_dsv4.pipeline import commands
+    from patch_dsv4.tree.environment import locate_vllm
     from tests.releases import copy_tree, pristine_tree
 
     tree = copy_tree(pristine_tree(args.version), Path(tempfile.mkdtemp()) / "site-packages")

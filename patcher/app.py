@@ -1,4 +1,4 @@
-"""The Typer command line: options in, a report rendered out. The work is in patch_dsv4.commands.
+"""The Typer command line: options in, a report rendered out. The work is in patch_dsv4.pipeline.commands.
 
 Imported only when a command needs it (``patch_dsv4.cli`` answers ``verify``
 on an applied tree without Typer).
@@ -13,7 +13,7 @@ from pathlib import Path
 import typer
 
 from patch_dsv4 import __version__
-from patch_dsv4.errors import PatcherError
+from patch_dsv4.output.errors import PatcherError
 
 app = typer.Typer(
     name="patch-dsv4",
@@ -65,7 +65,7 @@ def _verbosity(verbose: bool, quiet: bool) -> int:
 
 
 def _environment(site_packages: Path | None, python: str | None):
-    from patch_dsv4.environment import locate_vllm
+    from patch_dsv4.tree.environment import locate_vllm
 
     return locate_vllm(site_packages, python)
 
@@ -78,8 +78,8 @@ def _say(message: str) -> None:
 
 def _opt_ins(with_: list[str] | None) -> list[str]:
     """The opt-ins asked for: $PATCH_DSV4_WITH (comma-separated ids, checked), then ``--with``."""
-    from patch_dsv4 import serving
-    from patch_dsv4.registry import discover_patches
+    from patch_dsv4.fastpath import serving
+    from patch_dsv4.patching.registry import discover_patches
 
     asked = serving.opt_ins_from_env()
     if asked:
@@ -100,7 +100,7 @@ def _lock_wait(holder: str) -> None:
 
 def _finish(document, fmt: str, verbosity: int = 0) -> None:
     """Render a report (or a drift report); on failure, say on stderr what failed and the command to run."""
-    from patch_dsv4.render import render, write_failure
+    from patch_dsv4.output.render import render, write_failure
 
     report = getattr(document, "report", document)
     code = report["exit_code"] if isinstance(report, dict) else report.exit_code
@@ -113,9 +113,9 @@ def _finish(document, fmt: str, verbosity: int = 0) -> None:
 @app.command("list")
 def list_patches(fmt: Format = FormatOption, as_json: bool = JsonFlag) -> None:
     """The patches: what each fixes, why, and where."""
-    from patch_dsv4.registry import discover_patches
-    from patch_dsv4.render import write_json
-    from patch_dsv4.verdicts import JSON_SCHEMA
+    from patch_dsv4.output.render import write_json
+    from patch_dsv4.output.verdicts import JSON_SCHEMA
+    from patch_dsv4.patching.registry import discover_patches
 
     patches = discover_patches()
     fmt_name = _format(fmt, as_json)
@@ -156,7 +156,7 @@ def status(
 
     An apply or revert under way (another process holds the lock) is waited for, up to --lock-timeout.
     """
-    from patch_dsv4 import commands
+    from patch_dsv4.pipeline import commands
 
     env = _environment(site_packages, python)
     if fingerprint:
@@ -187,7 +187,7 @@ def apply(
     quiet: bool = Quiet,
 ) -> None:
     """Apply every patch this environment needs (all files or none)."""
-    from patch_dsv4 import commands
+    from patch_dsv4.pipeline import commands
 
     env = _environment(site_packages, python)
     asked = _opt_ins(with_)
@@ -217,7 +217,7 @@ def takeover(
     and restored from the backup beside it whose sha256 is pip's RECORD entry; then every patch is applied as
     apply would, all files or none. revert afterwards gives pip's bytes.
     """
-    from patch_dsv4 import commands
+    from patch_dsv4.pipeline import commands
 
     env = _environment(site_packages, python)
     report = commands.apply(
@@ -249,12 +249,12 @@ def verify(
 
     Needed: every patch this environment needs (pending, drifted, modified or foreign ones fail it).
     """
-    from patch_dsv4 import commands
+    from patch_dsv4.pipeline import commands
 
     env = _environment(site_packages, python)
     report = commands.verify(env, lock_timeout=lock_timeout, on_wait=_lock_wait, with_=_opt_ins(with_))
     if expect is not None:
-        from patch_dsv4 import serving
+        from patch_dsv4.fastpath import serving
 
         document = report.to_json()
         try:
@@ -286,7 +286,7 @@ def revert(
     quiet: bool = Quiet,
 ) -> None:
     """Restore every file we patched, byte for byte; remove the state."""
-    from patch_dsv4 import commands
+    from patch_dsv4.pipeline import commands
 
     env = _environment(site_packages, python)
     report = commands.revert(
@@ -345,8 +345,8 @@ PipOption = typer.Option(
 
 
 def _release_target(vllm_version, wheel, source, flashinfer_version, cache_dir, pip_options):
-    from patch_dsv4 import release_target as rt
-    from patch_dsv4.release_wheel import fetch_wheel, flashinfer_pin_served
+    from patch_dsv4.releases import release_target as rt
+    from patch_dsv4.releases.release_wheel import fetch_wheel, flashinfer_pin_served
 
     if wheel is not None and (source is not None or vllm_version is not None):
         raise PatcherError(
@@ -398,7 +398,7 @@ def drift(
 
     Per patch, its verdict and its anchors' fingerprints, from a wheel (fetched with pip), a file or a source tree.
     """
-    from patch_dsv4.drift import drift as judge_drift
+    from patch_dsv4.pipeline.drift import drift as judge_drift
 
     with _release_target(vllm_version, wheel, source, flashinfer_version, cache_dir, pip_options) as target:
         report = judge_drift(target, strict=strict)
@@ -426,10 +426,10 @@ def anchors_record(
 
     Each release's verdicts, fingerprints and file hashes, recorded from its real wheel.
     """
-    from patch_dsv4 import anchors_store
-    from patch_dsv4.drift import record
-    from patch_dsv4.release_target import open_wheel
-    from patch_dsv4.release_wheel import fetch_wheel
+    from patch_dsv4.pipeline.drift import record
+    from patch_dsv4.releases import anchors_store
+    from patch_dsv4.releases.release_target import open_wheel
+    from patch_dsv4.releases.release_wheel import fetch_wheel
 
     versions = list(vllm_versions or [])
     if record_all:

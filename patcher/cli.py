@@ -2,7 +2,7 @@
 
 ``verify`` on an applied tree (the default target or ``--site-packages``) is
 answered from the state's hashes without importing Typer, rich or libcst
-(:mod:`patch_dsv4.quick`), and ``doctor`` with plain options runs without Typer;
+(:mod:`patch_dsv4.fastpath.quick`), and ``doctor`` with plain options runs without Typer;
 everything else goes to the Typer app (:mod:`patch_dsv4.app`). Expected errors are short: what, why and the next
 command, each on its own line on a terminal, one line otherwise.
 """
@@ -13,7 +13,7 @@ import os
 import sys
 
 from patch_dsv4 import __version__
-from patch_dsv4.errors import EXIT_ENVIRONMENT, PatcherError
+from patch_dsv4.output.errors import EXIT_ENVIRONMENT, PatcherError
 
 COMMANDS = ("list", "status", "apply", "takeover", "verify", "revert", "drift", "anchors", "doctor")
 
@@ -66,8 +66,8 @@ def print_error(what: str, why: str = "", next_step: str = "", stream=None) -> N
 def _fail(command: str | None, what: str, why: str, next_step: str, code: int, as_json: bool, report=None) -> int:
     print_error(what, why, next_step)
     if as_json:
-        from patch_dsv4.render import write_json
-        from patch_dsv4.verdicts import error_document
+        from patch_dsv4.output.render import write_json
+        from patch_dsv4.output.verdicts import error_document
 
         message = what + (f": {why}" if why else "")
         write_json(error_document(command or "patch-dsv4", message, code, report))
@@ -115,19 +115,19 @@ def _fast_verify(args: list[str]) -> int | None:
     options = _plain_options(args, "verify")
     if options is None:
         return None
-    from patch_dsv4 import quick
+    from patch_dsv4.fastpath import quick
 
     site = options.get("site_packages")
     search = [site] if site is not None else [p for p in sys.path if p]
     located = quick.locate(search)
     if located is None or (site is not None and os.path.realpath(located.site_packages) != os.path.realpath(site)):
         return None
-    from patch_dsv4 import serving
+    from patch_dsv4.fastpath import serving
 
     recorded = quick.vouched(located, serving.opt_ins_from_env())
     if recorded is None:
         return None  # not vouched for, or an opt-in asked for that the state does not keep: judged in full
-    from patch_dsv4.render import render, write_failure
+    from patch_dsv4.output.render import render, write_failure
 
     target_args = "" if site is None else f" --site-packages {quick.quote(site)}"
     served = serving.of_recorded(located, recorded)

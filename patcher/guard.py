@@ -14,7 +14,7 @@ ours (entry point ``patch_dsv4``). It judges the vLLM it runs in:
 
 With ``PATCH_DSV4_EXPECT`` set to a fingerprint (``patch-dsv4 status
 --fingerprint`` of the image every node runs), it also compares what this
-vLLM serves with it (:mod:`patch_dsv4.serving`): a difference is reported the
+vLLM serves with it (:mod:`patch_dsv4.fastpath.serving`): a difference is reported the
 same way, naming what differs, so that no rank of a cluster serves other code
 than the others. The fingerprint is logged at DEBUG in every process.
 
@@ -30,7 +30,7 @@ import os
 import sys
 
 ENV = "PATCH_DSV4_GUARD"
-EXPECT = "PATCH_DSV4_EXPECT"  # patch_dsv4.serving.ENV_EXPECT (not imported here: the guard's imports are few)
+EXPECT = "PATCH_DSV4_EXPECT"  # patch_dsv4.fastpath.serving.ENV_EXPECT (not imported here: the guard's imports are few)
 MODES = ("warn", "strict", "off")
 LOGGER = "vllm.patch_dsv4"  # under vLLM's logger: its handler and format
 _reported = False
@@ -118,7 +118,7 @@ def _owned_elsewhere(problems: list[tuple[str, str, list[str]]]) -> dict[str, st
     site_dir = _vllm_site()
     if not problems or not site_dir:
         return {}
-    from patch_dsv4 import mounts
+    from patch_dsv4.tree import mounts
 
     files = [f for _, _, names in problems for f in names]
     return mounts.mounted(site_dir, dict.fromkeys(files))
@@ -126,7 +126,7 @@ def _owned_elsewhere(problems: list[tuple[str, str, list[str]]]) -> dict[str, st
 
 def _writer() -> str | None:
     """Who holds the lock of the environment this vLLM is in (a write under way), or None. Never waits."""
-    from patch_dsv4 import quick
+    from patch_dsv4.fastpath import quick
 
     site_dir = _vllm_site()
     return quick.write_in_progress(site_dir) if site_dir else None
@@ -154,7 +154,7 @@ def _differences(served) -> list[str]:
     expected = os.environ.get(EXPECT, "").strip()
     if not expected or served is None:
         return []
-    from patch_dsv4.serving import BadFingerprint
+    from patch_dsv4.fastpath.serving import BadFingerprint
 
     try:
         return served.differences(expected)
@@ -164,8 +164,8 @@ def _differences(served) -> list[str]:
 
 def _judge():
     """:func:`judge_this_vllm`, and a function that gives the fingerprint of what this vLLM serves
-    (patch_dsv4.serving)."""
-    from patch_dsv4 import quick
+    (patch_dsv4.fastpath.serving)."""
+    from patch_dsv4.fastpath import quick
 
     site_dir = _vllm_site()
     search = [site_dir] if site_dir else [p for p in sys.path if p]
@@ -175,7 +175,7 @@ def _judge():
         if known is not None:
 
             def served():
-                from patch_dsv4.serving import of_recorded
+                from patch_dsv4.fastpath.serving import of_recorded
 
                 return of_recorded(site, known)
 
@@ -191,8 +191,8 @@ def _full_judgement(site_dir: str | None):
     """An unknown build, or a state the hashes do not vouch for: judge the tree as status does."""
     from pathlib import Path
 
-    from patch_dsv4 import commands
-    from patch_dsv4.environment import locate_vllm
+    from patch_dsv4.pipeline import commands
+    from patch_dsv4.tree.environment import locate_vllm
 
     env = locate_vllm(site_packages=Path(site_dir)) if site_dir else locate_vllm()
     report = commands.status(env, lock_timeout=0)  # never wait: a write that starts now is reported

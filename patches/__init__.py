@@ -1,1 +1,1 @@
-"""One module per patch; patch_dsv4.registry discovers them by walking this package."""
+"""One module per patch; patch_dsv4.patching.registry discovers them by walking this package."""

@@ -49,10 +49,10 @@ from __future__ import annotations
 
 import ast
 
-from patch_dsv4.edits import ForeignEdit, ReplaceStatements, Variant, injected_names, mentions_injected
-from patch_dsv4.follow import Follower, Frame, Path, calls_in
-from patch_dsv4.patch import Context, Example, Patch, Scope
-from patch_dsv4.verdicts import Outcome, Verdict
+from patch_dsv4.output.verdicts import Outcome, Verdict
+from patch_dsv4.patching.edits import ForeignEdit, ReplaceStatements, Variant, injected_names, mentions_injected
+from patch_dsv4.patching.follow import Follower, Frame, Path, calls_in
+from patch_dsv4.patching.patch import Context, Example, Patch, Scope
 
 COMPRESSOR = "vllm/models/deepseek_v4/compressor.py"
 ATTENTION = "vllm/models/deepseek_v4/attention.py"

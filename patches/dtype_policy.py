@@ -38,13 +38,13 @@ from __future__ import annotations
 
 import ast
 
-from patch_dsv4.edits import ForeignEdit, ReplaceStatements, Variant
-from patch_dsv4.fingerprint import find_scope
-from patch_dsv4.follow import Follower, calls_in
-from patch_dsv4.patch import INJECTED_PREFIX, Context, Example, Patch, Scope
+from patch_dsv4.output.verdicts import Outcome, Verdict
 from patch_dsv4.patches import miaai_kit
 from patch_dsv4.patches._v41 import in_layouts
-from patch_dsv4.verdicts import Outcome, Verdict
+from patch_dsv4.patching.edits import ForeignEdit, ReplaceStatements, Variant
+from patch_dsv4.patching.fingerprint import find_scope
+from patch_dsv4.patching.follow import Follower, calls_in
+from patch_dsv4.patching.patch import INJECTED_PREFIX, Context, Example, Patch, Scope
 
 FLASHINFER = "vllm/models/deepseek_v4/nvidia/flashinfer_sparse.py"
 FLASHMLA = "vllm/models/deepseek_v4/nvidia/flashmla.py"

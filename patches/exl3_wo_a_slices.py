@@ -33,11 +33,11 @@ from __future__ import annotations
 import ast
 import re
 
-from patch_dsv4.edits import ForeignEdit, ReplaceStatements, Variant, injected_names, mentions_injected
-from patch_dsv4.patch import Context, Example, Patch, Scope
+from patch_dsv4.output.verdicts import Outcome, Verdict
 from patch_dsv4.patches import miaai_kit
 from patch_dsv4.patches._v41 import in_layouts
-from patch_dsv4.verdicts import Outcome, Verdict
+from patch_dsv4.patching.edits import ForeignEdit, ReplaceStatements, Variant, injected_names, mentions_injected
+from patch_dsv4.patching.patch import Context, Example, Patch, Scope
 
 MODEL = "vllm/models/deepseek_v4/nvidia/model.py"
 SLICE = "wo_a.slice"

@@ -27,9 +27,9 @@ from __future__ import annotations
 
 import ast
 
-from patch_dsv4.edits import ForeignEdit, KeptEdit
-from patch_dsv4.patch import Scope
 from patch_dsv4.patches._v41 import in_layouts
+from patch_dsv4.patching.edits import ForeignEdit, KeptEdit
+from patch_dsv4.patching.patch import Scope
 
 KIT = "MiaAI-Lab kit"
 EXL3_LM_HEAD = "patch_exl3_lm_head.py"

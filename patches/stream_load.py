@@ -41,12 +41,12 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass, field
 
-from patch_dsv4.edits import ForeignEdit, ReplaceStatements, Variant, mentions_injected
-from patch_dsv4.fingerprint import find_scope
-from patch_dsv4.follow import Follower, calls_in
-from patch_dsv4.patch import Context, Example, Patch, Scope
+from patch_dsv4.output.verdicts import Outcome, Verdict
 from patch_dsv4.patches._v41 import in_layouts
-from patch_dsv4.verdicts import Outcome, Verdict
+from patch_dsv4.patching.edits import ForeignEdit, ReplaceStatements, Variant, mentions_injected
+from patch_dsv4.patching.fingerprint import find_scope
+from patch_dsv4.patching.follow import Follower, calls_in
+from patch_dsv4.patching.patch import Context, Example, Patch, Scope
 
 VL_MODEL = "vllm/models/deepseek_v4/common/vl_model.py"
 #: Where nightlies between 0.29.0 and 0.30.0 define the vision class (0.30.0 on: a re-export shim).

@@ -45,12 +45,12 @@ import re
 
 from packaging.version import InvalidVersion, Version
 
-from patch_dsv4.edits import ForeignEdit, ReplaceStatements, Variant, helper_source, indent, mentions_injected
-from patch_dsv4.fingerprint import find_scope
-from patch_dsv4.patch import Context, Example, Patch, Scope
+from patch_dsv4.output.verdicts import Outcome, Verdict
 from patch_dsv4.patches import miaai_kit
 from patch_dsv4.patches._v41 import V41_CONFIG, in_layouts
-from patch_dsv4.verdicts import Outcome, Verdict
+from patch_dsv4.patching.edits import ForeignEdit, ReplaceStatements, Variant, helper_source, indent, mentions_injected
+from patch_dsv4.patching.fingerprint import find_scope
+from patch_dsv4.patching.patch import Context, Example, Patch, Scope
 
 FLASHINFER_SPARSE = "vllm/models/deepseek_v4/nvidia/flashinfer_sparse.py"
 SPARSE_SWA = "vllm/v1/attention/backends/mla/sparse_swa.py"

@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from patch_dsv4.environment import record_digest
+from patch_dsv4.tree.environment import record_digest
 
 DSV4 = "vllm/models/deepseek_v4"
 NVIDIA = f"{DSV4}/nvidia"

@@ -7,7 +7,7 @@ tables of their own.
 
 from __future__ import annotations
 
-from patch_dsv4 import anchors_store
+from patch_dsv4.releases import anchors_store
 
 
 def recorded_verdict(version: str, patch_id: str) -> str:

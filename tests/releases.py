@@ -19,7 +19,7 @@ import zipfile
 from contextlib import contextmanager
 from pathlib import Path
 
-from patch_dsv4.environment import record_digest
+from patch_dsv4.tree.environment import record_digest
 
 RELEASES = ("0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0", "0.34.0")
 PINNED_FLASHINFER = {
@@ -227,7 +227,7 @@ def minimal_tree(version: str, dest: Path) -> Path:
     judgement of this release reads (anchors/ lists them), extracted from the
     wheel as regular files: a tree another user can read in full.
     """
-    from patch_dsv4 import anchors_store
+    from patch_dsv4.releases import anchors_store
 
     read = set(anchors_store.load(version)["files"])
     dest.mkdir(parents=True, exist_ok=True)

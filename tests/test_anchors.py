@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from patch_dsv4 import anchors_store
-from patch_dsv4.anchors_store import known_release, recorded_files
-from patch_dsv4.drift import record
-from patch_dsv4.release_target import open_wheel
+from patch_dsv4.pipeline.drift import record
+from patch_dsv4.releases import anchors_store
+from patch_dsv4.releases.anchors_store import known_release, recorded_files
+from patch_dsv4.releases.release_target import open_wheel
 from tests.conftest import RELEASE_PARAMS
 from tests.releases import DSV4, RELEASES, cache_dir, hand_edit, wheel
 

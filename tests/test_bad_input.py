@@ -117,7 +117,7 @@ def test_lock_timeout_must_be_a_finite_number(value, make_tree, cli):
 
 
 def test_internal_error_is_one_line_exit_2(make_tree, cli, monkeypatch):
-    from patch_dsv4 import judge
+    from patch_dsv4.pipeline import judge
 
     def broken(*_args, **_kwargs):
         raise ZeroDivisionError("a bug")
@@ -214,7 +214,7 @@ def test_drift_source_reads_an_undecodable_file_as_present(make_tree, cli):
 
 # -- verify's fast path ---------------------------------------------------------------------
 def test_verify_fast_path_is_keyed_by_the_patch_definitions(make_tree, cli, monkeypatch):
-    from patch_dsv4 import quick
+    from patch_dsv4.fastpath import quick
 
     tree = make_tree("0.30.0")
     assert cli("apply", "--site-packages", tree).code == 0

@@ -261,9 +261,9 @@ def test_a_new_release_is_compared_with_the_nearest_recorded_one(tmp_path):
     verdict stayed get no note."""
     import shutil
 
-    from patch_dsv4 import anchors_store
-    from patch_dsv4.drift import drift, nearest_recorded
-    from patch_dsv4.release_target import open_wheel
+    from patch_dsv4.pipeline.drift import drift, nearest_recorded
+    from patch_dsv4.releases import anchors_store
+    from patch_dsv4.releases.release_target import open_wheel
 
     for version in ("0.30.0", "0.31.0", "0.32.0"):
         shutil.copy(anchors_store.anchors_path(version), tmp_path)

@@ -6,7 +6,6 @@ import ast
 
 import pytest
 
-from patch_dsv4.patch import Context
 from patch_dsv4.patches.dtype_policy import (
     ATTENTION_CLASSES,
     FLASHINFER,
@@ -15,6 +14,7 @@ from patch_dsv4.patches.dtype_policy import (
     DtypePolicy,
     wo_a_dtype_gate,
 )
+from patch_dsv4.patching.patch import Context
 from tests.errors import error_lines
 from tests.injected import function_node
 from tests.records import recorded_verdict, releases_needing

@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from patch_dsv4 import commands
-from patch_dsv4.patch import Edit, Patch, Scope
+from patch_dsv4.output.verdicts import Outcome, Verdict
 from patch_dsv4.patches.stream_load import VL_MODEL
-from patch_dsv4.verdicts import Outcome, Verdict
+from patch_dsv4.patching.patch import Edit, Patch, Scope
+from patch_dsv4.pipeline import commands
 from tests.errors import error_lines
 from tests.releases import hand_edit, stat_snapshot
 
@@ -188,9 +188,9 @@ def test_markdown_report(make_tree, cli):
 @pytest.mark.parametrize("version,problem", [("0.28.0", False), ("0.29.0", True)])
 def test_injected_constructor_call_binds_to_the_release(version, problem, make_tree):
     """0.29.0 dropped AutoWeightsLoader's skip_substrs: injected code using it must not fit there."""
-    from patch_dsv4.environment import locate_vllm
-    from patch_dsv4.reading import context_for
-    from patch_dsv4.resolve import check_injected
+    from patch_dsv4.patching.resolve import check_injected
+    from patch_dsv4.pipeline.reading import context_for
+    from patch_dsv4.tree.environment import locate_vllm
 
     env = locate_vllm(make_tree(version))
     code = "loader = AutoWeightsLoader(self, skip_substrs=['mtp.'])"

@@ -7,10 +7,10 @@ import types
 
 import pytest
 
-from patch_dsv4.judge import judge
-from patch_dsv4.patch import Context
-from patch_dsv4.registry import discover_examples, discover_patches
-from patch_dsv4.verdicts import Verdict
+from patch_dsv4.output.verdicts import Verdict
+from patch_dsv4.patching.patch import Context
+from patch_dsv4.patching.registry import discover_examples, discover_patches
+from patch_dsv4.pipeline.judge import judge
 
 CASES = [pytest.param(patch, ex, id=f"{patch.id}:{ex.name}") for patch, ex in discover_examples()]
 

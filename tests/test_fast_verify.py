@@ -11,8 +11,9 @@ from contextlib import redirect_stdout
 
 import pytest
 
-from patch_dsv4 import quick, render
-from patch_dsv4.verdicts import Report
+from patch_dsv4.fastpath import quick
+from patch_dsv4.output import render
+from patch_dsv4.output.verdicts import Report
 
 #: Never imported by verify on an applied tree: the typed model (dataclasses, whose import pulls inspect),
 #: typing, the full judgement and the libraries of the Typer app.
@@ -20,9 +21,9 @@ HEAVY = (
     "dataclasses",
     "inspect",
     "typing",
-    "patch_dsv4.verdicts",
-    "patch_dsv4.commands",
-    "patch_dsv4.state",
+    "patch_dsv4.output.verdicts",
+    "patch_dsv4.pipeline.commands",
+    "patch_dsv4.tree.state",
     "patch_dsv4.app",
     "libcst",
     "typer",
@@ -122,7 +123,7 @@ def test_the_patch_digest_covers_every_module_that_judges_in_every_folder(tmp_pa
     shutil.copytree(Path(patch_dsv4.__file__).parent, package, ignore=skip)
     shutil.copytree(Path(patch_dsv4.patches.__file__).parent, package / "patches", ignore=skip)
     probe = (
-        f"import sys; sys.path.insert(0, {str(tmp_path)!r}); import patch_dsv4; from patch_dsv4 import quick; "
+        f"import sys; sys.path.insert(0, {str(tmp_path)!r}); import patch_dsv4; from patch_dsv4.fastpath import quick; "
         "from pathlib import Path; root = Path(patch_dsv4.__file__).parent; before = quick.patch_digest(); same = []\n"
         "for path in sorted(root.rglob('*.py')):\n"
         "    data = path.read_bytes(); path.write_bytes(data + b'\\n')\n"

@@ -1,4 +1,4 @@
-"""The shared call-following facility (patcher/follow.py) on small trees written here, and on real releases."""
+"""The shared call-following facility (patcher/patching/follow.py) on small trees written here, and on real releases."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import ast
 
 import pytest
 
-from patch_dsv4.follow import Follower
-from patch_dsv4.patch import Context
+from patch_dsv4.patching.follow import Follower
+from patch_dsv4.patching.patch import Context
 
 PKG = "vllm/models/toy"
 
@@ -120,7 +120,7 @@ def test_follower_reads_each_file_once_and_only_vllm_files():
 
 
 def test_attribute_loads_along_a_walk(follower):
-    from patch_dsv4.follow import attribute_loads
+    from patch_dsv4.patching.follow import attribute_loads
 
     start = follower.function(f"{PKG}/attention.py", "Attention", "_o_proj")
     reads = {p.names(): attribute_loads(p.frame.node, "weight") for p in follower.walk(follower.frame(start), 3)}

@@ -125,7 +125,15 @@ def test_a_bug_in_the_guard_never_stops_vllm_in_warn_mode(make_tree, running, mo
         guard.check()
 
 
-HEAVY = ("libcst", "typer", "rich", "packaging", "importlib.metadata", "patch_dsv4.commands", "patch_dsv4.state")
+HEAVY = (
+    "libcst",
+    "typer",
+    "rich",
+    "packaging",
+    "importlib.metadata",
+    "patch_dsv4.pipeline.commands",
+    "patch_dsv4.tree.state",
+)
 
 
 def _heavy_modules_after(code: str) -> list[str]:
@@ -201,10 +209,10 @@ def test_installed_from_a_wheel_the_patch_digest_comes_from_record_unless_a_file
     RECORD was written, or of another size, is read: the digest stays that of the files."""
     import os
 
-    from patch_dsv4 import quick
+    from patch_dsv4.fastpath import quick
 
     site = _installed_copy(tmp_path)
-    digest = "from patch_dsv4 import quick; print(quick.patch_digest())"
+    digest = "from patch_dsv4.fastpath import quick; print(quick.patch_digest())"
     assert _in_bare_interpreter(site, digest) == quick.patch_digest()  # this checkout's files, read
     record = next(site.glob("patch_dsv4-*.dist-info")) / "RECORD"
     text = record.read_text()
@@ -250,7 +258,7 @@ def test_the_guards_first_call_in_a_bare_interpreter_imports_nothing_costly(expe
         f"m = type(sys)('vllm'); m.__file__ = {str(tree / 'vllm' / '__init__.py')!r}; sys.modules['vllm'] = m; "
         "before = set(sys.modules); import patch_dsv4.guard as g; g.check(); new = set(sys.modules) - before; "
         "g._full_judgement = None; g.judge_this_vllm(); "  # the fast path decided: a full judgement would fail here
-        f"print(sorted(new & set({COSTLY!r})), 'patch_dsv4.serving' in new)"
+        f"print(sorted(new & set({COSTLY!r})), 'patch_dsv4.fastpath.serving' in new)"
     )
     assert _in_bare_interpreter(site, code, env) == f"[] {expect}"
 

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from patch_dsv4 import guard, quick
+from patch_dsv4 import guard
+from patch_dsv4.fastpath import quick
 from patch_dsv4.patches.stream_load import VL_MODEL
 from tests.errors import error_lines
 from tests.releases import hand_edit
@@ -88,7 +89,7 @@ def _returns_within(seconds: float, fn):
 
 @pytest.mark.parametrize("which", ["vllm", "flashinfer"])
 def test_a_fifo_metadata_never_blocks_the_guard_or_a_command(which, make_tree):
-    from patch_dsv4.environment import locate_vllm
+    from patch_dsv4.tree.environment import locate_vllm
 
     tree = make_tree("0.30.0")
     if which == "vllm":

@@ -12,8 +12,8 @@ import hashlib
 
 import pytest
 
-from patch_dsv4.edits import helper_source
-from patch_dsv4.registry import discover_patches
+from patch_dsv4.patching.edits import helper_source
+from patch_dsv4.patching.registry import discover_patches
 from tests.conftest import RELEASE_PARAMS
 from tests.releases import content_snapshot, stat_snapshot, wheel_file
 

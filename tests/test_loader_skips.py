@@ -120,8 +120,8 @@ class DSparkDeepseekV4ForCausalLM:
     ids=["reexported-target-layer", "own-layer-of-the-same-name"],
 )
 def test_draft_layers_are_found_by_what_they_are(imports, verdict):
-    from patch_dsv4.patch import Context
     from patch_dsv4.patches.loader_skips import LoaderSkips
+    from patch_dsv4.patching.patch import Context
 
     dspark = imports + DRAFT_LOADER
     texts = {

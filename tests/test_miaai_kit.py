@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from patch_dsv4.environment import locate_vllm, record_digest
-from patch_dsv4.release_wheel import unobtainable
+from patch_dsv4.releases.release_wheel import unobtainable
+from patch_dsv4.tree.environment import locate_vllm, record_digest
 from tests import miaai_trees as M
 from tests.releases import cache_dir, content_snapshot, wheel
 

@@ -2,7 +2,7 @@
 marked by status, refused by apply, takeover and revert in the plan (exit 1, nothing written), and reported by
 verify and the guard.
 
-The mount table is read from ``patch_dsv4.mounts.MOUNTINFO``: the tests point it at a fixture file that lists a
+The mount table is read from ``patch_dsv4.tree.mounts.MOUNTINFO``: the tests point it at a fixture file that lists a
 file of a real release tree as a mount point, so they need no mount; one test makes a real bind mount, and skips
 alone where this machine does not let it.
 """
@@ -15,8 +15,9 @@ import sys
 
 import pytest
 
-from patch_dsv4 import guard, mounts
+from patch_dsv4 import guard
 from patch_dsv4.patches.stream_load import VL_MODEL
+from patch_dsv4.tree import mounts
 from tests.conftest import ROOT
 from tests.releases import content_snapshot
 

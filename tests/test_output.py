@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from patch_dsv4.cli import COMMANDS
+from patch_dsv4.output.render import short_path
 from patch_dsv4.patches.stream_load import VL_MODEL
 from patch_dsv4.patches.wide_swa import FLASHINFER_SPARSE
-from patch_dsv4.render import short_path
 from tests.conftest import ROOT, run_cli
 from tests.releases import content_snapshot, copy_tree, hand_edit, pristine_tree, wheel
 
@@ -105,7 +105,7 @@ def _readme_example(first: str) -> list[str]:
 def test_the_readme_shows_what_status_prints(make_tree, cli):
     """The README's example is status on a pristine 0.30.0 at 80 columns, byte for byte (rendered for the image's
     site directory it names), and its drifted rows are those a hand-edited vision class gives."""
-    from patch_dsv4.render import Style, text_lines
+    from patch_dsv4.output.render import Style, text_lines
 
     example = _readme_example("    $ patch-dsv4 status")
     tree = make_tree("0.30.0")
@@ -435,7 +435,7 @@ def test_every_command_writes_a_document_of_the_schema(make_tree, tmp_path):
 
 
 def test_the_verify_fast_path_gives_the_document_the_full_judgement_gives(make_tree, monkeypatch):
-    from patch_dsv4 import quick
+    from patch_dsv4.fastpath import quick
 
     tree = make_tree("0.30.0")
     assert run_cli("apply", "--site-packages", tree).code == 0

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from patch_dsv4 import guard
-from patch_dsv4.environment import locate_vllm, record_digest
+from patch_dsv4.tree.environment import locate_vllm, record_digest
 from tests import recipe_trees as R
 from tests.releases import content_snapshot, hand_edit, wheel
 

@@ -6,10 +6,10 @@ import types
 
 import pytest
 
-from patch_dsv4 import registry
-from patch_dsv4.edits import ReplaceStatements, Variant
-from patch_dsv4.patch import Patch, Scope
-from patch_dsv4.registry import PatchDefinitionError, check_patch, discover_patches
+from patch_dsv4.patching import registry
+from patch_dsv4.patching.edits import ReplaceStatements, Variant
+from patch_dsv4.patching.patch import Patch, Scope
+from patch_dsv4.patching.registry import PatchDefinitionError, check_patch, discover_patches
 
 FILE = "vllm/models/deepseek_v4/common/vl_model.py"
 SCOPE = Scope("DeepseekV4ForConditionalGeneration", "load_weights")

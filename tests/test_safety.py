@@ -24,7 +24,7 @@ def _rank(args, start, judged, fired, index, devnull):
     os.dup2(devnull, 1)
     os.dup2(devnull, 2)
     sys.stdout = sys.stderr = open(os.devnull, "w")
-    import patch_dsv4.fs
+    import patch_dsv4.tree.fs
     from patch_dsv4.cli import main
 
     def overlap(step: str) -> None:
@@ -42,7 +42,7 @@ def _rank(args, start, judged, fired, index, devnull):
                 pass
             time.sleep(index * 0.1)
 
-    patch_dsv4.fs.set_fault_hook(overlap)
+    patch_dsv4.tree.fs.set_fault_hook(overlap)
     start.wait()
     os._exit(main(args))
 
@@ -223,7 +223,7 @@ def test_python_option_bad_interpreter(tmp_path, cli):
 # -- crash safety: SIGKILL at every write step -------------------------------------
 KILL_AT_STEP = """
 import os, signal, sys
-import patch_dsv4.fs as fs
+import patch_dsv4.tree.fs as fs
 target, count = int(sys.argv[1]), 0
 def hook(name):
     global count

@@ -1,4 +1,4 @@
-"""The fingerprint of what a tree serves (patch_dsv4.serving), on real release trees: equal trees give equal
+"""The fingerprint of what a tree serves (patch_dsv4.fastpath.serving), on real release trees: equal trees give equal
 fingerprints wherever they are; one opt-in, one byte, another FlashInfer, build or release give another, and
 ``verify --expect``, the guard and PATCH_DSV4_WITH act on it."""
 
@@ -9,7 +9,8 @@ import logging
 
 import pytest
 
-from patch_dsv4 import guard, quick, serving
+from patch_dsv4 import guard
+from patch_dsv4.fastpath import quick, serving
 from tests.releases import hand_edit, install_flashinfer_sources
 from tests.test_fast_verify import _fresh_verify
 

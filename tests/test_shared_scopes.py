@@ -1,6 +1,6 @@
 """Edits of different patches in one scope: disjoint anchors stand together, overlapping ones are refused.
 
-The rule (patcher/registry.py, check_together): two edits of one (file, scope) may stand together when no
+The rule (patcher/patching/registry.py, check_together): two edits of one (file, scope) may stand together when no
 statement one anchors on is part of the other's anchor or replacement, and each writes injected names of its
 own there. Each is then judged on the file as it is (a sibling's injected name does not make it look drifted),
 and the pending ones are written one after the other. The real case: loader-skips and exl3-wo-a-slices both
@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import pytest
 
-from patch_dsv4 import registry
-from patch_dsv4.edits import ReplaceStatements, Variant
-from patch_dsv4.judge import judge
-from patch_dsv4.patch import Context, Patch, Scope
-from patch_dsv4.registry import PatchDefinitionError
-from patch_dsv4.verdicts import Verdict
+from patch_dsv4.output.verdicts import Verdict
+from patch_dsv4.patching import registry
+from patch_dsv4.patching.edits import ReplaceStatements, Variant
+from patch_dsv4.patching.patch import Context, Patch, Scope
+from patch_dsv4.patching.registry import PatchDefinitionError
+from patch_dsv4.pipeline.judge import judge
 from tests.releases import content_snapshot
 
 FILE = "vllm/models/toy.py"

@@ -7,8 +7,8 @@ import textwrap
 
 import pytest
 
-from patch_dsv4.patch import Context
 from patch_dsv4.patches.stream_load import VISION_CLASS, VL_MODEL, StreamLoad, text_class_finalizes, vision_stream
+from patch_dsv4.patching.patch import Context
 from tests.errors import error_lines
 from tests.records import recorded_verdict, releases_needing
 from tests.releases import RELEASES, hand_edit, rewrite_record, stat_snapshot

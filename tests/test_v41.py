@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from patch_dsv4 import anchors_store
+from patch_dsv4.releases import anchors_store
 from tests.releases import content_snapshot
 from tests.v41_trees import NIGHTLY_PACKAGE, RELEASE_PACKAGE, nightly_layout
 

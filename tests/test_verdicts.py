@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from patch_dsv4 import anchors_store
+from patch_dsv4.releases import anchors_store
 from tests.conftest import RELEASE_PARAMS
 
 

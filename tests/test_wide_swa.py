@@ -12,9 +12,9 @@ import zipfile
 
 import pytest
 
-from patch_dsv4.edits import helper_source
 from patch_dsv4.patches import wide_swa
 from patch_dsv4.patches.wide_swa import FLASHINFER_SPARSE, SM120_CLASS
+from patch_dsv4.patching.edits import helper_source
 from tests.records import recorded_verdict
 from tests.releases import (
     PINNED_FLASHINFER,
@@ -85,7 +85,7 @@ def test_flashinfer_upgraded_after_patching_keeps_our_edit_applied(make_tree, cl
 
 def test_probe_reads_the_kernel_source_of_each_release():
     """The 128-only guard is in every 0.6.x dual-cache dispatcher and in no 0.7.x one."""
-    from patch_dsv4.patch import Context
+    from patch_dsv4.patching.patch import Context
 
     for version in SLICED_FLASHINFER + WIDE_FLASHINFER:
         with zipfile.ZipFile(wheel("flashinfer-python", version)) as zf:
@@ -286,7 +286,7 @@ def test_drift_asks_pip_whether_the_pin_is_served(listed, served, said, monkeypa
     """drift --vllm-version asks pip's index (``pip index versions``) whether a user can install the pin."""
     import subprocess
 
-    from patch_dsv4 import release_wheel
+    from patch_dsv4.releases import release_wheel
 
     asked = []
 

@@ -9,8 +9,8 @@ import math
 
 import pytest
 
-from patch_dsv4.edits import helper_source
 from patch_dsv4.patches import wide_swa
+from patch_dsv4.patching.edits import helper_source
 
 torch = pytest.importorskip("torch")
 import tests.sparse_mla_reference as reference  # noqa: E402  (needs torch)

@@ -1,6 +1,6 @@
 """All or none, also when a write fails: a failure injected at every write step, and real obstacles.
 
-The fault seam (:func:`patch_dsv4.fs.inject_faults`) raises an OSError at the n-th
+The fault seam (:func:`patch_dsv4.tree.fs.inject_faults`) raises an OSError at the n-th
 write step of one apply or revert, for every n until the command runs through.
 Each run must end with exit 2, one line on stderr and the tree exactly as it
 began (files, state, no temp file, no lock) -- or, when the failure hits the
@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from patch_dsv4.fs import inject_faults
 from patch_dsv4.patches.stream_load import VL_MODEL
 from patch_dsv4.patches.wide_swa import FLASHINFER_SPARSE
+from patch_dsv4.tree.fs import inject_faults
 from tests.conftest import ROOT, run_cli
 from tests.errors import error_lines
 from tests.releases import DSV4, content_snapshot

@@ -16,7 +16,7 @@ import re
 import shutil
 from pathlib import Path
 
-from patch_dsv4.environment import record_digest
+from patch_dsv4.tree.environment import record_digest
 
 RELEASE_PACKAGE = "vllm/models/deepseek_v41"
 NIGHTLY_PACKAGE = "vllm/models/deepseek_v4_1"

@@ -18,4 +18,9 @@ The checks, one module per concern, in report order (``run.CHECK_MODULES``):
 What they share: ``pack`` (the pack read once), ``safetensors`` (the header reader),
 ``serving_env`` (where the serving interpreter finds things), ``base`` (rows, context).
 ``fix_config`` writes the config edits the pack rows ask for; ``run`` runs doctor.
+
+Layout: ``run`` (the command) and ``fix_config`` (``--fix-config``'s writer) here; the checks in ``checks/``;
+what they read, and the rows and context they share, in ``readers/``.
+
+May import: patch_dsv4.doctor, patch_dsv4.pipeline, patch_dsv4.fastpath, patch_dsv4.tree, patch_dsv4.output.
 """

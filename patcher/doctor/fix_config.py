@@ -23,10 +23,10 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..fs import Dir, Owner, UnsafePath
-from .base import CONFIG_LIMIT, DoctorContext, read_regular_file
-from .family import V41
-from .pack import (
+from patch_dsv4.doctor.checks.v41_config import apply_edits, v41_config_edits
+from patch_dsv4.doctor.readers.base import CONFIG_LIMIT, DoctorContext, read_regular_file
+from patch_dsv4.doctor.readers.family import V41
+from patch_dsv4.doctor.readers.pack import (
     FP8_DELEGATE,
     STOCK_POLICY,
     PackScan,
@@ -42,7 +42,7 @@ from .pack import (
     valid_bits,
     wanted_codebook,
 )
-from .v41_config import apply_edits, v41_config_edits
+from patch_dsv4.tree.fs import Dir, Owner, UnsafePath
 
 BACKUP_SUFFIX = ".bak"  # the name the recipe's fixer uses, so either tool finds the other's backup
 

@@ -16,11 +16,22 @@ import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from patch_dsv4.environment import Environment
-from patch_dsv4.errors import EXIT_NEEDS_ACTION, EXIT_OK, EnvironmentProblem
-
-from .base import CHECKS, FAIL, INFO, STATUSES, CheckSpec, DoctorContext, Row, Runtime, check, clip, run_checks
-from .family import V4
+from patch_dsv4.doctor.readers.base import (
+    CHECKS,
+    FAIL,
+    INFO,
+    STATUSES,
+    CheckSpec,
+    DoctorContext,
+    Row,
+    Runtime,
+    check,
+    clip,
+    run_checks,
+)
+from patch_dsv4.doctor.readers.family import V4
+from patch_dsv4.output.errors import EXIT_NEEDS_ACTION, EXIT_OK, EnvironmentProblem
+from patch_dsv4.tree.environment import Environment
 
 # The check modules, in report order; importing one registers its checks (base.check).
 PACK_CHECK_MODULES = (
@@ -80,8 +91,8 @@ def check_source(ctx: DoctorContext) -> list[Row]:
     source = ctx.source
     if not source.remote:
         return []
-    from .base import PackUnreadable
-    from .pack import pack_index, pack_scan
+    from patch_dsv4.doctor.readers.base import PackUnreadable
+    from patch_dsv4.doctor.readers.pack import pack_index, pack_scan
 
     try:
         ctx.config()
@@ -95,7 +106,7 @@ def check_source(ctx: DoctorContext) -> list[Row]:
 def _register_checks() -> None:
     """Import the check modules: registration order is report order (pack, runtime, environment, host)."""
     for name in CHECK_MODULES:
-        importlib.import_module(f"{__package__}.{name}")
+        importlib.import_module(f"{__package__}.checks.{name}")
     for i, spec in enumerate(CHECKS):
         if spec.id in V4_ONLY and spec.family is None:
             CHECKS[i] = replace(spec, family=V4)
@@ -104,7 +115,7 @@ def _register_checks() -> None:
 def pack_checks() -> list[CheckSpec]:
     """The pack's checks (the modules that read only the pack, its config and vLLM's files), in report order."""
     _register_checks()
-    modules = {f"{__package__}.{name}" for name in PACK_CHECK_MODULES}
+    modules = {f"{__package__}.checks.{name}" for name in PACK_CHECK_MODULES}
     return [spec for spec in CHECKS if spec.fn.__module__ in modules]
 
 
@@ -128,7 +139,7 @@ class DoctorReport:
         return f"doctor: {text}; {verdict}"
 
     def to_json(self) -> dict:
-        from patch_dsv4.verdicts import JSON_SCHEMA
+        from patch_dsv4.output.verdicts import JSON_SCHEMA
 
         return {
             "schema": JSON_SCHEMA,
@@ -159,14 +170,14 @@ def _python_of_site(site: Path) -> str | None:
 
 def patch_verdicts(env: Environment) -> tuple[dict[str, str], dict[str, tuple[str, ...]]]:
     """Each patch's verdict on ``env`` and its files: from the hashes when they vouch, else judged in full."""
-    from patch_dsv4 import quick
+    from patch_dsv4.fastpath import quick
 
     verdicts = quick.known_verdicts(quick.site_of(env))
     if verdicts is not None:
         return {pid: v["verdict"] for pid, v in verdicts.items()}, {
             pid: tuple(v["files"]) for pid, v in verdicts.items()
         }
-    from patch_dsv4 import commands  # the full judgement: only when the hashes cannot vouch
+    from patch_dsv4.pipeline import commands  # the full judgement: only when the hashes cannot vouch
 
     report = commands.status(env)
     return {p.id: p.verdict.value for p in report.patches}, {p.id: p.files for p in report.patches}
@@ -207,7 +218,7 @@ def doctor(env: Environment, pack: str | Path | None, serve_args: str | None, fi
     (a backup of the original kept in the pack), and the checks see the result;
     for a pack on the Hub they are printed, not written.
     """
-    from .source import is_hub_pack, open_source
+    from patch_dsv4.doctor.readers.source import is_hub_pack, open_source
 
     source = None
     if isinstance(pack, str) and is_hub_pack(pack):
@@ -239,8 +250,8 @@ def doctor(env: Environment, pack: str | Path | None, serve_args: str | None, fi
     if source is not None:
         _read_hub_pack(ctx)
     if fix_config:
-        from .fix_config import fix_config as write_fixes
-        from .fix_config import planned_fix
+        from patch_dsv4.doctor.fix_config import fix_config as write_fixes
+        from patch_dsv4.doctor.fix_config import planned_fix
 
         # scans the headers in ctx, where the rows then find the scan; a pack on the Hub: the edits, printed
         fixed = planned_fix(ctx) if source is not None else write_fixes(pack, ctx)
@@ -252,8 +263,8 @@ def doctor(env: Environment, pack: str | Path | None, serve_args: str | None, fi
 def _read_hub_pack(ctx: DoctorContext) -> None:
     """Read a Hub pack's config.json, index and headers before any row, so that a server doctor cannot read as
     it must (one that ignores Range, a read past doctor's budget) stops the run with one line (hub.HubStop)."""
-    from .base import PackUnreadable
-    from .pack import pack_index, pack_scan
+    from patch_dsv4.doctor.readers.base import PackUnreadable
+    from patch_dsv4.doctor.readers.pack import pack_index, pack_scan
 
     try:
         ctx.config()
@@ -265,8 +276,8 @@ def _read_hub_pack(ctx: DoctorContext) -> None:
 
 def doctor_command(site_packages, python, pack, serve_args, fix_config: bool, fmt: str, verbosity: int) -> int:
     """``patch-dsv4 doctor`` from its options (strings or paths), rendered; its exit status."""
-    from patch_dsv4.environment import locate_vllm
-    from patch_dsv4.render import render_doctor
+    from patch_dsv4.output.render import render_doctor
+    from patch_dsv4.tree.environment import locate_vllm
 
     env = locate_vllm(None if site_packages is None else Path(site_packages), python)
     report = doctor(env, None if pack is None else str(pack), serve_args, fix_config)

@@ -24,7 +24,7 @@ import zipfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from patch_dsv4.doctor.base import CHECKS, DoctorContext, Row, Runtime, run_checks
+from patch_dsv4.doctor.readers.base import CHECKS, DoctorContext, Row, Runtime, run_checks
 from tests.releases import pristine_tree, wheel
 
 EM_X86_64, EM_AARCH64 = 62, 183

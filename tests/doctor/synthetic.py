@@ -29,9 +29,9 @@ from dataclasses import dataclass, replace
 from math import prod
 from pathlib import Path
 
-from patch_dsv4.doctor.base import FAIL, DoctorContext, Row, Runtime, applies, run_checks
+from patch_dsv4.doctor.readers.base import FAIL, DoctorContext, Row, Runtime, applies, run_checks
+from patch_dsv4.doctor.readers.safetensors import DTYPE_SIZES
 from patch_dsv4.doctor.run import pack_checks
-from patch_dsv4.doctor.safetensors import DTYPE_SIZES
 
 MCG = -877912083
 MUL1 = -2082680531

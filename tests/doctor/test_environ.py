@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-import patch_dsv4.doctor.environ  # noqa: F401  (registers the env.* and flags.* checks)
+import patch_dsv4.doctor.checks.environ  # noqa: F401  (registers the env.* and flags.* checks)
 from tests.doctor.fake_runtime import (
     DEPLOYMENTS,
     check_row,

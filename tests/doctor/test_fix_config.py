@@ -8,9 +8,9 @@ import stat
 
 import pytest
 
-from patch_dsv4.doctor.base import FAIL, PASS
 from patch_dsv4.doctor.fix_config import fix_config
-from patch_dsv4.fs import inject_faults
+from patch_dsv4.doctor.readers.base import FAIL, PASS
+from patch_dsv4.tree.fs import inject_faults
 from tests.doctor.synthetic import (
     DSPARK,
     SMALL,

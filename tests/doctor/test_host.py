@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-import patch_dsv4.doctor.host  # noqa: F401  (registers the host.* checks)
-from patch_dsv4.doctor import serving_env
+import patch_dsv4.doctor.checks.host  # noqa: F401  (registers the host.* checks)
+from patch_dsv4.doctor.readers import serving_env
 from tests.doctor.fake_runtime import (
     DEPLOYMENTS,
     check_row,

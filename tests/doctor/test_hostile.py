@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from patch_dsv4.doctor import pack as pack_module
-from patch_dsv4.doctor.base import CHECKS, FAIL, PASS, ROW_LIMIT, SKIP, DoctorContext, Row, run_checks
 from patch_dsv4.doctor.fix_config import fix_config
+from patch_dsv4.doctor.readers import pack as pack_module
+from patch_dsv4.doctor.readers.base import CHECKS, FAIL, PASS, ROW_LIMIT, SKIP, DoctorContext, Row, run_checks
+from patch_dsv4.doctor.readers.safetensors import Shard
 from patch_dsv4.doctor.run import _register_checks
-from patch_dsv4.doctor.safetensors import Shard
 from tests.conftest import ROOT, run_cli
 from tests.doctor.synthetic import (
     DSPARK,
@@ -41,7 +41,7 @@ from tests.errors import error_lines
 CHILD = """
 import json, sys
 from pathlib import Path
-from patch_dsv4.doctor.base import DoctorContext, run_checks
+from patch_dsv4.doctor.readers.base import DoctorContext, run_checks
 from tests.doctor.synthetic import PACK_CHECKS
 rows = run_checks(DoctorContext(pack=Path(sys.argv[1])), PACK_CHECKS)
 # VmHWM, not ru_maxrss: the latter counts the parent's memory too (the child is forked from it before exec).
@@ -306,7 +306,7 @@ def test_type_wrong_configs_and_flags_give_rows_not_internal_errors(seed, tmp_pa
 
 
 def test_an_echoed_serve_argument_is_cut_with_its_length():
-    from patch_dsv4.doctor.environ import recipe_flags
+    from patch_dsv4.doctor.checks.environ import recipe_flags
 
     ctx = DoctorContext.from_serve_args("--kv-cache-dtype " + "x" * 120_000 + " --quantization exl3")
     row = recipe_flags(ctx)
@@ -352,7 +352,7 @@ def test_an_index_of_a_million_empty_lists_is_a_fail_row(lna):
 
 
 def test_a_shard_of_more_entries_than_doctor_keeps_is_a_fail_row_naming_the_limit(mixedk, monkeypatch):
-    from patch_dsv4.doctor import safetensors as reader
+    from patch_dsv4.doctor.readers import safetensors as reader
 
     monkeypatch.setattr(reader, "ENTRY_MEMORY", 20_000)
     monkeypatch.setattr(reader, "FAST_HEADER_LEN", -1)

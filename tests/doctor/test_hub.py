@@ -10,11 +10,11 @@ import sys
 
 import pytest
 
-from patch_dsv4.doctor import hub as hub_module
-from patch_dsv4.doctor.base import DoctorContext, run_checks
+from patch_dsv4.doctor.readers import hub as hub_module
+from patch_dsv4.doctor.readers.base import DoctorContext, run_checks
+from patch_dsv4.doctor.readers.source import open_source
 from patch_dsv4.doctor.run import _read_hub_pack, _register_checks, pack_checks
-from patch_dsv4.doctor.source import open_source
-from patch_dsv4.errors import EnvironmentProblem
+from patch_dsv4.output.errors import EnvironmentProblem
 from tests.conftest import run_cli
 from tests.doctor.hub_server import commit_of, serving
 from tests.doctor.synthetic import build_mixedk_pack
@@ -66,7 +66,7 @@ def judge(text: str) -> tuple[DoctorContext, dict]:
 
 
 def _source_checks():
-    from patch_dsv4.doctor.base import CHECKS
+    from patch_dsv4.doctor.readers.base import CHECKS
 
     return [spec for spec in CHECKS if spec.id == "pack.source"]
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from patch_dsv4.doctor import overlay
-from patch_dsv4.doctor.base import DoctorContext, Runtime
-from patch_dsv4.doctor.overlay import check_overlay_imports
+from patch_dsv4.doctor.checks import overlay
+from patch_dsv4.doctor.checks.overlay import check_overlay_imports
+from patch_dsv4.doctor.readers.base import DoctorContext, Runtime
 from tests.conftest import run_cli
 from tests.releases import hand_edit, wheel_file
 

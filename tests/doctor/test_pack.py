@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from patch_dsv4.doctor.base import FAIL, PASS, SKIP, WARN, DoctorContext
-from patch_dsv4.doctor.pack import pack_facts
-from patch_dsv4.doctor.safetensors import Shard, ShardError
+from patch_dsv4.doctor.readers.base import FAIL, PASS, SKIP, WARN, DoctorContext
+from patch_dsv4.doctor.readers.pack import pack_facts
+from patch_dsv4.doctor.readers.safetensors import Shard, ShardError
 from tests.doctor.synthetic import (
     DSPARK,
     FULL,

@@ -7,8 +7,8 @@ import shutil
 
 import pytest
 
-import patch_dsv4.doctor.overlay  # noqa: F401  (registers rt.overlay-imports)
-import patch_dsv4.doctor.runtime  # noqa: F401  (registers the rt.* checks)
+import patch_dsv4.doctor.checks.overlay  # noqa: F401  (registers rt.overlay-imports)
+import patch_dsv4.doctor.checks.runtime  # noqa: F401  (registers the rt.* checks)
 from tests.doctor.fake_runtime import (
     DEPLOYMENTS,
     EM_X86_64,

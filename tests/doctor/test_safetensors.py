@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from patch_dsv4.doctor import safetensors as reader
-from patch_dsv4.doctor.safetensors import DTYPE_BITS, Budget, Shard, ShardError
+from patch_dsv4.doctor.readers import safetensors as reader
+from patch_dsv4.doctor.readers.safetensors import DTYPE_BITS, Budget, Shard, ShardError
 
 U64 = 2**64 - 1
 

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from patch_dsv4.doctor.base import FAIL, INFO, PASS, SKIP, WARN, CheckSpec, DoctorContext, Runtime, run_checks
-from patch_dsv4.doctor.family import V4, V41, family_of, flatten_v41
+from patch_dsv4.doctor.checks.v41_config import v41_config_edits
 from patch_dsv4.doctor.fix_config import fix_config
+from patch_dsv4.doctor.readers.base import FAIL, INFO, PASS, SKIP, WARN, CheckSpec, DoctorContext, Runtime, run_checks
+from patch_dsv4.doctor.readers.family import V4, V41, family_of, flatten_v41
 from patch_dsv4.doctor.run import CHECKS, V4_ONLY, _register_checks
-from patch_dsv4.doctor.v41_config import v41_config_edits
 from tests.conftest import run_cli
 from tests.doctor.fake_runtime import (
     install_exllamav3,

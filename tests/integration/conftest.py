@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from patch_dsv4.environment import record_digest
+from patch_dsv4.tree.environment import record_digest
 
 HERE = Path(__file__).resolve().parent
 MARK = "real_vllm"

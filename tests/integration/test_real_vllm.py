@@ -434,7 +434,7 @@ class Probe:
 
 def _injected_by_module(apply_report: dict) -> dict[str, set[str]]:
     """The helpers apply's applied patches inject, by module (from this checkout's patch definitions)."""
-    from patch_dsv4.registry import discover_patches
+    from patch_dsv4.patching.registry import discover_patches
 
     applied = {p["id"] for p in apply_report["patches"] if p["verdict"] == "applied"}
     found: dict[str, set[str]] = {}

@@ -1,0 +1,142 @@
+"""Pack checks on config.json and its quantization block (DOCTOR-FACTS.md A "Pack").
+
+pack.config, pack.text-config, quant.method, quant.bits, quant.codebook: what the
+pack declares, compared with its shards' summary (:func:`pack.pack_scan`).
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from patch_dsv4.doctor.readers.base import FAIL, PASS, WARN, DoctorContext, PackUnreadable, Row, check
+from patch_dsv4.doctor.readers.pack import (
+    echo,
+    fix_config_note,
+    fixer_refusal,
+    majority_k,
+    pack_scan,
+    quantization_config,
+    valid_bits,
+    wanted_codebook,
+)
+
+# --------------------------------------------------------------------------- checks: config.json
+
+
+@check("pack.config", needs=("pack",))
+def check_config(ctx: DoctorContext) -> Row:
+    """FAIL if config.json is missing, unreadable or not a JSON object (R serve_one_spark_dsv4.sh:45-48)."""
+    try:
+        cfg = ctx.config()
+    except PackUnreadable as exc:
+        return Row(
+            "pack.config", FAIL, str(exc), f"config.json is missing or invalid in {ctx.pack}; download the pack again."
+        )
+    return Row(
+        "pack.config",
+        PASS,
+        f"config.json read: model_type {echo(cfg.get('model_type'))}, "
+        f"num_hidden_layers {echo(cfg.get('num_hidden_layers'))}, {len(cfg)} top-level keys.",
+    )
+
+
+@check("pack.text-config", needs=("pack",))
+def check_text_config(ctx: DoctorContext) -> Row:
+    """FAIL if ``text_config`` is ``{}`` or lacks ``num_attention_heads``: vLLM adopts it as the whole
+    text config and config parsing fails (R LOADER_NOTES.md:126-133; fix_pack_config.py:118-119)."""
+    cfg = ctx.config()
+    if "text_config" not in cfg:
+        return Row("pack.text-config", PASS, "config.json is flat (no text_config), as DeepSeek-V4 expects.")
+    text_config = cfg["text_config"]
+    if text_config == {}:
+        return Row(
+            "pack.text-config",
+            FAIL,
+            'config.json has an empty "text_config", which vLLM adopts as the whole text config.',
+            'Delete the "text_config" key (the DeepSeek-V4 config is flat)' + fix_config_note(ctx) + ".",
+        )
+    if not isinstance(text_config, dict) or "num_attention_heads" not in text_config:
+        return Row(
+            "pack.text-config",
+            FAIL,
+            'config.json has a "text_config" without num_attention_heads; vLLM adopts it and fails to parse.',
+            'Delete the "text_config" key by hand (the DeepSeek-V4 config is flat: its keys belong at the top level).',
+        )
+    return Row("pack.text-config", PASS, "text_config is present and names num_attention_heads.")
+
+
+@check("quant.method", needs=("pack",))
+def check_quant_method(ctx: DoctorContext) -> Row:
+    """FAIL unless ``quantization_config.quant_method == "exl3"``: for fp8 / deepseek_v4_fp8, vLLM's
+    DeepseekV4FP8Config override silently replaces --quantization exl3 and the load balloons to
+    ~117 GiB (V0.28.0 models/deepseek_v4/quant_config.py:135-152, config/model.py:1245-1266;
+    R LOADER_NOTES.md:19-31)."""
+    cfg = ctx.config()
+    method = quantization_config(cfg).get("quant_method")
+    if method == "exl3":
+        return Row("quant.method", PASS, 'quantization_config.quant_method is "exl3".')
+    found = "absent" if method is None else echo(method)
+    refusal = fixer_refusal(ctx)
+    if refusal is None and ctx.pack_family() == "v41":  # the recipe's V4 fixer would flatten a V4.1 config
+        how = f'Set "quant_method": "exl3" in quantization_config{fix_config_note(ctx)}.'
+    elif refusal is None:
+        how = (
+            f'Set "quant_method": "exl3"{fix_config_note(ctx)}; for the archived fork route use '
+            f'the recipe\'s "python scripts/fix_pack_config.py {shlex.quote(str(ctx.pack))} --route b".'
+        )
+    else:
+        how = 'Set "quant_method": "exl3" in quantization_config by hand, keeping the rest of the block.'
+    return Row(
+        "quant.method",
+        FAIL,
+        f'quantization_config.quant_method is {found}, not "exl3": vLLM\'s deepseek_v4_fp8 override '
+        "replaces --quantization exl3 and the load balloons past memory (~117 GiB) before failing.",
+        how,
+    )
+
+
+@check("quant.bits", needs=("pack",))
+def check_quant_bits(ctx: DoctorContext) -> Row:
+    """FAIL if ``bits`` is not in 2-6 (ValueError at config parse); WARN when absent, since the plugin
+    then sizes every layer missing from ``layer_bits`` for K4 (P exl3.py Exl3Config.__init__, from_config)."""
+    quant = quantization_config(ctx.config())
+    scan = pack_scan(ctx)
+    k = majority_k(scan)
+    suggestion = f" (the shards say {k})" if k else ""
+    if "bits" not in quant:
+        return Row(
+            "quant.bits",
+            WARN,
+            "quantization_config has no bits; vllm-exl3 then assumes 4.",
+            f'Set "bits" to the K of the layers not listed in layer_bits{suggestion}' + fix_config_note(ctx) + ".",
+        )
+    bits = valid_bits(quant)
+    if bits is None:
+        return Row(
+            "quant.bits",
+            FAIL,
+            f"quantization_config.bits is {echo(quant['bits'])}; vllm-exl3 accepts 2-6 and refuses the config.",
+            f'Set "bits" to the K of the layers not listed in layer_bits{suggestion}' + fix_config_note(ctx) + ".",
+        )
+    return Row("quant.bits", PASS, f"quantization_config.bits is {bits}.")
+
+
+@check("quant.codebook", needs=("pack",))
+def check_quant_codebook(ctx: DoctorContext) -> Row:
+    """FAIL unless ``codebook`` is ``mcg``/``mul1`` (default ``mcg``) and matches the routed experts'
+    marker tensors (``.mcg`` or ``.mul1``) (P exl3.py Exl3Config.__init__, from_config)."""
+    quant = quantization_config(ctx.config())
+    scan = pack_scan(ctx)
+    codebook = quant.get("codebook", "mcg")
+    found = sorted(scan.routed_marker_suffixes)
+    where = f"the routed experts carry .{'/.'.join(found)} markers" if found else "no routed marker tensors were found"
+    wanted = wanted_codebook(quant, scan)
+    if wanted:
+        return Row(
+            "quant.codebook",
+            FAIL,
+            f"codebook {echo(codebook)} does not match the pack: {where}.",
+            f'Set "codebook": "{wanted}" in quantization_config' + fix_config_note(ctx) + ".",
+        )
+    stated = "" if "codebook" in quant else " (absent; vllm-exl3 assumes mcg)"
+    return Row("quant.codebook", PASS, f'codebook is "{codebook}"{stated} and {where}.')

@@ -1,0 +1,13 @@
+"""What doctor's checks read, and what they are made of.
+
+    base         the rows doctor prints, the context every check reads, the check registry
+    family       which DeepSeek a pack is, and V4.1's nested config flattened as vLLM reads it
+    source       where a pack's files come from: a local directory, or a repository on the Hub
+    hub          a pack on the Hugging Face Hub, read by HTTP range requests (the optional extra)
+    pack         the pack, read once: the shards' headers summarised, what config.json declares
+    v41_scan     what the V4.1 rows read of the headers
+    safetensors  safetensors shard headers, and single marker tensors, read without loading a payload
+    serving_env  what doctor reads of the serving environment, without importing any of it
+
+May import: nothing of the package outside this folder.
+"""

@@ -1,0 +1,161 @@
+"""The commands: status, verify, apply (and takeover), revert over one Environment, each one pipeline.
+
+    lock -> recover -> read -> judge -> [takeover: plan the restores -> judge the restored bytes]
+         -> plan -> judge the planned bytes -> refuse, or commit -> report
+
+Each step is a function of its own module (:mod:`~patch_dsv4.pipeline.reading`,
+:mod:`~patch_dsv4.pipeline.judge`, :mod:`~patch_dsv4.pipeline.takeover`, :mod:`~patch_dsv4.pipeline.planning`,
+:mod:`~patch_dsv4.pipeline.transaction`, :mod:`~patch_dsv4.pipeline.reporting`) over the values
+the step before gave (:mod:`patch_dsv4.pipeline.values` defines them); only this module calls the steps, and no step
+imports another. Each command returns a :class:`patch_dsv4.output.verdicts.Report`
+(the CLI only renders it) or raises a :class:`patch_dsv4.output.errors.PatcherError`
+naming what failed, why, and the command to run next.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from patch_dsv4.fastpath import quick
+from patch_dsv4.fastpath.serving import Fingerprint, of_recorded
+from patch_dsv4.output.errors import EXIT_NEEDS_ACTION, EXIT_OK, Refused
+from patch_dsv4.output.verdicts import Report, next_step
+from patch_dsv4.patching.registry import discover_patches
+from patch_dsv4.pipeline.judge import judge_found, judge_planned, judge_reverted, judge_state
+from patch_dsv4.pipeline.planning import options, plan_apply, plan_revert, record_judgement
+from patch_dsv4.pipeline.reading import read_snapshot, state_store, with_wheel
+from patch_dsv4.pipeline.reporting import (
+    committed_report,
+    dry_run_report,
+    judged_fingerprint,
+    refused_report,
+    status_report,
+)
+from patch_dsv4.pipeline.takeover import plan_restores
+from patch_dsv4.pipeline.transaction import commit, recover
+from patch_dsv4.pipeline.values import Plan, as_opt_in, to_restore
+from patch_dsv4.tree.environment import Environment
+from patch_dsv4.tree.fs import checkpoint
+
+
+def status(env: Environment, command: str = "status", lock_timeout: float = 300.0, on_wait=None, with_=None) -> Report:
+    """A verdict per patch for this environment, decided by reading its code; writes nothing.
+
+    A write under way (another process holds the lock) is waited for, up to ``lock_timeout``: a tree half
+    written is never judged. ``with_``: opt-ins asked for besides those the state keeps (verify's).
+    """
+    patches = discover_patches()
+    asked = options(patches, with_=with_).with_
+    store = state_store(env, patches)
+    with store.wait_unlocked(lock_timeout, on_wait):
+        snapshot = read_snapshot(env, store, patches)
+        judged = judge_state(snapshot)
+        refuse(judged.refusal)
+        return status_report(snapshot, judged, command, asked)
+
+
+def verify(env: Environment, lock_timeout: float = 300.0, on_wait=None, with_=None) -> Report:
+    """The CI gate: exit 1 when a patch this environment needs is pending, drifted or modified.
+
+    ``with_`` names opt-ins this environment needs besides those its state keeps. The verdicts recorded at the
+    last write are reported when the hashes vouch for them (:mod:`patch_dsv4.fastpath.quick`) and they were asked for
+    every opt-in in ``with_``; anything else is judged in full.
+    """
+    recorded = quick.vouched(quick.site_of(env), options(discover_patches(), with_=with_).with_)
+    if recorded is not None:
+        site = quick.site_of(env)
+        return replace(
+            quick.recorded_report(site, recorded, env.target.args()), fingerprint=of_recorded(site, recorded)
+        )
+    report = status(env, command="verify", lock_timeout=lock_timeout, on_wait=on_wait, with_=with_)
+    bad = [r for r in report.patches if r.verdict.needs_action]
+    return replace(
+        report,
+        exit_code=EXIT_NEEDS_ACTION if bad else EXIT_OK,
+        next_step=report.next_step or next_step(env.target.args(), bad),
+    )
+
+
+def apply(
+    env: Environment,
+    only: list[str] | None = None,
+    with_: list[str] | None = None,
+    force: bool = False,
+    dry_run: bool = False,
+    lock_timeout: float = 300.0,
+    on_wait=None,
+    takeover: bool = False,
+) -> Report:
+    """Apply every patch this environment needs (or those in ``only``, with those in ``with_``): all files or none.
+
+    ``with_`` adds opt-in patches, remembered in the state so that later
+    applies keep them. ``dry_run`` runs every check apply runs and reports the
+    unified diff, writing nothing (it waits for a held lock, as apply would).
+    ``takeover`` first replaces every file holding another tool's edit of one of
+    the fixes by its sibling backup that is byte for byte what pip installed
+    (the edited file is saved first), then applies on those bytes.
+    """
+    patches = discover_patches()
+    opts = options(patches, only, with_, force, takeover, dry_run)
+    store = state_store(env, patches)
+    with store.wait_unlocked(lock_timeout, on_wait) if dry_run else store.lock(lock_timeout, on_wait):
+        notes, manifest, refusal = ([], True, None) if dry_run else recover(env, store)
+        refuse(refusal)
+        snapshot = read_snapshot(env, store, patches, manifest, vouch=not dry_run)
+        if takeover:  # read, judge as found, plan the restores; then judge the restored bytes
+            found = judge_found(with_wheel(snapshot))
+            judged = judge_state(snapshot, plan_restores(snapshot, found, opts.with_), found)
+        else:
+            judged = judge_state(snapshot)
+        plan = plan_apply(snapshot, judged, opts, notes)
+        if plan.refusal is None and plan.to_judge is not None:
+            plan = record_judgement(plan, judge_planned(snapshot, plan.to_judge, set(plan.manifest.opt_in)))
+        checkpoint("judged")
+        refuse(plan.refusal, plan if plan.reported else None)
+        if dry_run:
+            return dry_run_report(plan)
+        report = committed_report(plan, commit(plan))
+        if report.fingerprint is None:  # nothing recorded: the tree is as judged
+            kept = snapshot.opt_in_kept
+            served = judged_fingerprint(snapshot, judged, as_opt_in(judged.reports, patches, kept), kept)
+            report = replace(report, fingerprint=served)
+        return report
+
+
+def revert(env: Environment, lock_timeout: float = 300.0, discard_local_edits: bool = False, on_wait=None) -> Report:
+    """Restore every file we patched, byte for byte, and remove the state: all or none.
+
+    A patched file changed since we wrote it is refused, unless
+    ``discard_local_edits``: then it is first saved under the state directory
+    (the report says where), and restored like the others.
+    """
+    patches = discover_patches()
+    store = state_store(env, patches)
+    with store.lock(lock_timeout, on_wait):
+        notes, manifest, refusal = recover(env, store)
+        refuse(refusal)
+        snapshot = read_snapshot(env, store, patches, manifest, revert=discard_local_edits)
+        reverted = judge_reverted(snapshot, to_restore(snapshot.view))
+        plan = plan_revert(snapshot, reverted, discard_local_edits, notes)
+        refuse(plan.refusal)
+        return committed_report(plan, commit(plan))
+
+
+def refuse(refusal: Refused | None, plan: Plan | None = None) -> None:
+    """Raise ``refusal`` (a value of recovery, of judging or of the plan), where there is one: the one place a
+    command refuses. A refused apply carries the report of its ``plan``."""
+    if refusal is None:
+        return
+    if plan is not None:
+        refusal.report = refused_report(plan)
+    raise refusal
+
+
+def fingerprint(env: Environment, lock_timeout: float = 300.0, on_wait=None) -> Fingerprint:
+    """The fingerprint of an Environment's tree: from the hashes when they vouch for a judgement (as the guard
+    makes it), else from a full judgement (as status makes it)."""
+    site = quick.site_of(env)
+    known = quick.known_judgement(site)
+    if known is not None:
+        return of_recorded(site, known)
+    return status(env, lock_timeout=lock_timeout, on_wait=on_wait).fingerprint

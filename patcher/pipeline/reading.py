@@ -1,0 +1,153 @@
+"""Reading: the one step that reads the disk. It gives a command its :class:`~patch_dsv4.pipeline.values.Snapshot`: the
+manifest and what it says of the files on disk now, the hashes the build identity is decided from, whether the
+recorded judgement still vouches for the tree, and the readers through which each file, backup and copy of pip's
+bytes is read once. Nothing here writes, and nothing here judges.
+"""
+
+from __future__ import annotations
+
+import stat
+from typing import TYPE_CHECKING
+
+from patch_dsv4.patching.patch import Patch
+from patch_dsv4.patching.registry import declared_files
+from patch_dsv4.pipeline.values import (  # noqa: F401 - context_for re-exported: the view of a tree a judgement reads
+    NO_STATE,
+    Build,
+    Readers,
+    Snapshot,
+    StateView,
+    context_for,
+    to_restore,
+)
+from patch_dsv4.tree.environment import Environment, record_digest
+from patch_dsv4.tree.fs import MAX_SOURCE_BYTES, UnsafePath
+from patch_dsv4.tree.state import Manifest, StateStore
+
+if TYPE_CHECKING:
+    from patch_dsv4.releases.release_wheel import ReleaseWheel
+
+
+def state_store(env: Environment, patches: list[Patch]) -> StateStore:
+    return StateStore(env.site_packages, declared_files(patches), [p.id for p in patches])
+
+
+def view_of(env: Environment, manifest: Manifest | None) -> StateView:
+    """What ``manifest`` says about the files on disk now."""
+    if manifest is None:
+        return StateView(None, "none", {}, set())
+    if manifest.vllm_version != env.vllm_version:
+        return StateView(manifest, "stale", {}, set())
+    modified, ours, reinstalled = {}, set(), 0
+    for relpath, entry in manifest.files.items():
+        now = env.sha256(relpath)
+        if now == entry.after:
+            ours.add(relpath)
+        elif now == entry.before:
+            reinstalled += 1
+        else:
+            modified[relpath] = "changed since patch-dsv4 wrote it"
+    if manifest.transaction is not None:
+        kind = "interrupted"
+    elif manifest.files and reinstalled == len(manifest.files):
+        kind = "stale"
+    else:
+        kind = "current"
+    return StateView(manifest, kind, modified, ours)
+
+
+def read_snapshot(
+    env: Environment,
+    store: StateStore,
+    patches: list[Patch],
+    manifest: Manifest | None | bool = True,
+    vouch: bool = False,
+    revert: bool | None = None,
+) -> Snapshot:
+    """The snapshot a command judges, plans and reports from.
+
+    ``manifest``: the manifest as recovery left it (True: load it here). ``vouch``: also read whether the judgement
+    the manifest records still vouches for the tree (apply records it again only where it does not). ``revert``
+    (revert's --discard-local-edits): also read the backups revert restores and the files they replace (not where
+    a file changed since we wrote it and its edit is not to be discarded: revert refuses that).
+    """
+    from patch_dsv4.fastpath import quick
+    from patch_dsv4.fastpath.serving import build_identity, dist_info_of
+    from patch_dsv4.releases import anchors_store
+    from patch_dsv4.tree import mounts
+
+    view = view_of(env, store.load() if manifest is True else manifest)
+    snapshot = Snapshot(env, store, patches, view, readers_of(env, store))
+    build = snapshot.build
+    build.record = anchors_store.load(env.vllm_version)
+    if build.record is None:
+        build.unrecorded = anchors_store.known_release(env.vllm_version, {}).detail
+    build.files = quick.listed_package_files(env.site_packages)
+    ours = set(view.manifest.files) if view.manifest is not None else set()
+    files, table = sorted(declared_files(patches) | ours), mounts.read_mounts()
+    snapshot.mounted = mounts.mounted(str(env.site_packages), files, table)
+    unreplaceable = mounts.unreplaceable(str(env.site_packages), files, table)
+    snapshot.unreplaceable = {rel: why for rel, why in unreplaceable.items() if rel not in snapshot.mounted}
+    build.hashes = {rel: env.sha256(rel) for rel in sorted(build.record["files"])} if build.record else {}
+    snapshot.build.served = build_identity(dist_info_of(env))
+    if vouch and view.kind == "current" and not view.modified:
+        snapshot.recorded_holds = quick.recorded_verdicts(quick.site_of(env)) is not None
+    if revert is not None and view.kind not in ("none", "stale"):
+        for relpath in to_restore(view):
+            snapshot.backup(relpath)
+        if revert or not view.modified:
+            for relpath in to_restore(view):
+                snapshot.bytes_of(relpath)
+    return snapshot
+
+
+def readers_of(env: Environment, store: StateStore) -> Readers:
+    def pip_copy(relpath: str, wheel: ReleaseWheel | None) -> tuple[str, bytes] | None:
+        found = record_backup(env, relpath)
+        if found is None and wheel is not None:
+            found = wheel.pip_copy(relpath)
+        return found
+
+    return Readers(env.read_bytes, env.sha256, lambda relpath: store.read_copy("backups", relpath), pip_copy)
+
+
+def with_wheel(snapshot: Snapshot) -> Snapshot:
+    """The snapshot reading pip's bytes from the release's wheel too, where no backup beside a file holds them
+    (takeover); the wheel is fetched when first needed."""
+    from patch_dsv4.releases.release_wheel import ReleaseWheel
+
+    snapshot.wheel = ReleaseWheel(snapshot.env)
+    return snapshot
+
+
+def record_backup(env: Environment, relpath: str) -> tuple[str, bytes] | None:
+    """The sibling backup of ``relpath`` that holds exactly what pip installed (by RECORD's hash), if any.
+
+    The recipes' patch scripts leave a backup beside each file they edit (``<file>.orig``, ``.orig-wideswa``,
+    ``.orig-lna``...). The first script to touch a file backs up what pip installed; a later script's backup of the
+    same file holds the earlier script's edit. So a backup is chosen by its hash against pip's RECORD, never by
+    its name: any regular file beside the edited one whose name starts with the file's name and whose sha256 is
+    the one RECORD lists. Only regular files inside the package are read, never through a link; the candidates are
+    tried in name order; one bigger than any source file is skipped unread.
+    """
+    recorded = env.recorded_hash(relpath)
+    if recorded is None:
+        return None
+    try:
+        directory, name = env.tree.parent_dir(relpath)
+    except (OSError, UnsafePath):
+        return None
+    with directory:
+        for candidate in sorted(directory.names()):
+            if candidate == name or not candidate.startswith(name + ".") or candidate.endswith(".pyc"):
+                continue
+            st = directory.lstat(candidate)
+            if st is None or not stat.S_ISREG(st.st_mode) or st.st_size > MAX_SOURCE_BYTES:
+                continue
+            try:
+                data = directory.read_bytes(candidate, limit=MAX_SOURCE_BYTES)
+            except OSError:
+                continue
+            if record_digest(data) == recorded:
+                return candidate, data
+    return None

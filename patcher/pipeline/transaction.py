@@ -1,0 +1,375 @@
+"""Committing: a plan carried out as one write transaction, all files of one apply or revert changed or none.
+
+An apply or a revert goes through three phases:
+
+1. prepare: write what the change needs into the state directory (backups of
+   the installed files, staged copies of the new ones) and prove that every
+   target can be replaced: each target is writable and a temp file holding its
+   new bytes fits beside it. Nothing in vLLM has changed yet; a failure here
+   undoes what was prepared and leaves the tree and the state as they were.
+2. the journal: the manifest is saved with the transaction in it (from/to
+   hashes of every file), so that a killed run is finished by the next one.
+3. commit: each target is replaced (temp file, fsync, rename; cached bytecode
+   removed around it), then the manifest is saved without the journal. If a
+   write still fails here, the files already replaced are put back from memory
+   and the previous manifest is restored: the tree ends as it began.
+
+Every failure is one line (:class:`WriteFailed`, exit 2) naming the file and the reason.
+"""
+
+from __future__ import annotations
+
+import copy
+import stat
+from dataclasses import dataclass
+
+from patch_dsv4.output.errors import EnvironmentProblem, Refused
+from patch_dsv4.pipeline.values import Committed, Plan
+from patch_dsv4.tree.environment import Environment
+from patch_dsv4.tree.fs import Dir, Owner, UnsafePath, checkpoint, sha256_bytes
+from patch_dsv4.tree.state import STATE_DIR, Manifest, StateStore
+
+
+class WriteFailed(EnvironmentProblem):
+    """A write was refused or failed; the tree is as it was (or the message says how to finish)."""
+
+
+def _os_reason(exc: OSError) -> str:
+    return exc.strerror or str(exc)
+
+
+def _failure(action: str, rel: str, exc: Exception, undone: bool, env: Environment) -> WriteFailed:
+    reason = exc.line() if isinstance(exc, EnvironmentProblem) else _os_reason(exc)
+    if undone:
+        return WriteFailed(f"cannot {action} {rel}", f"{reason}; nothing was changed", "fix the cause and run it again")
+    return WriteFailed(
+        f"cannot {action} {rel}",
+        f"{reason}; the tree could not be put back",
+        f"fix the cause, then run patch-dsv4 apply{env.target.args()} (or revert) to finish",
+    )
+
+
+# -- one target file -------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Target:
+    relpath: str
+    old: bytes
+    new: bytes
+    owner: Owner
+
+
+def _target(env: Environment, relpath: str, old: bytes, new: bytes) -> _Target:
+    st = env.tree.stat(relpath)
+    return _Target(relpath, old, new, Owner(st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)))
+
+
+def _bytecode_dir(directory: Dir) -> Dir | None:
+    try:
+        return directory.child("__pycache__")
+    except UnsafePath as exc:
+        raise UnsafePath(f"refusing {directory.path / '__pycache__'}", exc.why) from None
+
+
+def _remove_bytecode(directory: Dir, name: str) -> None:
+    """Remove every cached .pyc of ``name``: an unchecked-hash .pyc is never revalidated."""
+    stem = name[: -len(".py")] if name.endswith(".py") else name
+    cache = _bytecode_dir(directory)
+    if cache is not None:
+        with cache:
+            for entry in cache.names():
+                if entry.endswith(".pyc") and entry.split(".")[0] == stem:
+                    cache.unlink(entry)
+    directory.unlink(stem + ".pyc")
+
+
+def _probe(env: Environment, target: _Target) -> None:
+    directory, name = env.tree.parent_dir(target.relpath)
+    with directory:
+        env.tree.check_file_link(directory, name)
+        _bytecode_dir(directory)  # a planted link there is refused now, not half-way
+        directory.probe_writable(name, target.new)
+
+
+def _replace(env: Environment, relpath: str, data: bytes, owner: Owner) -> None:
+    directory, name = env.tree.parent_dir(relpath)
+    with directory:
+        env.tree.check_file_link(directory, name)
+        _remove_bytecode(directory, name)
+        directory.write_atomic(name, data, owner)
+        _remove_bytecode(directory, name)
+
+
+def _put_back(env: Environment, done: list[_Target], data_of) -> bool:
+    """Replace each file in ``done`` by ``data_of(target)``; whether all went back."""
+    ok = True
+    for target in reversed(done):
+        data = data_of(target)
+        try:
+            if env.sha256(target.relpath) != sha256_bytes(data):
+                _replace(env, target.relpath, data, target.owner)
+        except (OSError, UnsafePath):
+            ok = False
+    return ok
+
+
+# -- apply ------------------------------------------------------------------------------
+def write_apply(
+    env: Environment,
+    store: StateStore,
+    previous: Manifest | None,
+    manifest: Manifest,
+    planned: dict[str, bytes],
+    originals: dict[str, bytes] | None = None,
+) -> None:
+    """Write ``planned`` (relpath -> new bytes) and ``manifest`` (already holding the new entries): all or none.
+
+    ``previous`` is the manifest on disk before this apply (None: no state),
+    restored when the apply is undone. A file's backup holds its bytes as they
+    are, or ``originals[relpath]`` where given (takeover: pip's bytes, from
+    another tool's backup), so that revert restores those.
+    """
+    originals = originals or {}
+    targets = []
+    for relpath, new in planned.items():
+        old = env.read_bytes(relpath)
+        if old is None:
+            raise WriteFailed(f"cannot patch {relpath}", "it vanished while we planned")
+        targets.append(_target(env, relpath, old, new))
+    new_backups = [t for t in targets if previous is None or t.relpath not in previous.files]
+    journal = copy.deepcopy(manifest)
+    journal.transaction = {
+        "op": "apply",
+        "files": {t.relpath: {"from": sha256_bytes(t.old), "to": sha256_bytes(t.new)} for t in targets},
+    }
+
+    current = "the state directory"
+    try:
+        for t in new_backups:
+            current = f"the backup of {t.relpath}"
+            store.write_copy("backups", t.relpath, originals.get(t.relpath, t.old))
+        for t in targets:
+            current = f"the staged copy of {t.relpath}"
+            store.write_copy("staged", t.relpath, t.new)
+        for t in targets:
+            current = t.relpath
+            _probe(env, t)
+        checkpoint("prepared")
+        current = "the journal"
+        store.save(journal)
+    except (OSError, UnsafePath) as exc:
+        undone = _undo_prepare(store, previous, new_backups)
+        raise _failure("write", current, exc, undone, env) from None
+
+    done: list[_Target] = []
+    try:
+        for t in targets:
+            current = t.relpath
+            done.append(t)  # before the write: a failure after its rename must still put it back
+            _replace(env, t.relpath, t.new, t.owner)
+        current = "the manifest"
+        store.save(manifest)
+    except (OSError, UnsafePath) as exc:
+        undone = _put_back(env, done, lambda t: t.old) and _undo_prepare(store, previous, new_backups)
+        raise _failure("write", current, exc, undone, env) from None
+    try:
+        store.clear_staged()
+    except OSError:
+        pass  # the next run's recovery removes leftover staged copies; the apply itself is complete
+
+
+def _undo_prepare(store: StateStore, previous: Manifest | None, new_backups) -> bool:
+    """Put the state back as it was before the apply; whether that worked."""
+    try:
+        if previous is None:
+            store.remove()
+            return True
+        store.save(previous)
+        for t in new_backups:
+            store.remove_copy("backups", t.relpath)
+        store.clear_staged()
+        return True
+    except (OSError, UnsafePath):
+        return False
+
+
+# -- revert -----------------------------------------------------------------------------
+def write_revert(env: Environment, store: StateStore, manifest: Manifest, restore: dict[str, bytes]) -> None:
+    """Put each file in ``restore`` (relpath -> backup bytes) back, then drop the state: all or none."""
+    targets = []
+    for relpath, old in restore.items():
+        now = env.read_bytes(relpath)
+        if now is None:
+            raise WriteFailed(f"cannot restore {relpath}", "it vanished")
+        targets.append(_target(env, relpath, now, old))
+    journal = copy.deepcopy(manifest)
+    journal.transaction = {
+        "op": "revert",
+        "files": {t.relpath: {"from": sha256_bytes(t.old), "to": sha256_bytes(t.new)} for t in targets},
+    }
+    current = "the journal"
+    try:
+        for t in targets:
+            current = t.relpath
+            _probe(env, t)
+        current = "the journal"
+        store.save(journal)
+    except (OSError, UnsafePath) as exc:
+        raise _failure("restore", current, exc, _restore_manifest(store, manifest), env) from None
+    done: list[_Target] = []
+    try:
+        for t in targets:
+            current = t.relpath
+            done.append(t)  # before the write: a failure after its rename must still put it back
+            _replace(env, t.relpath, t.new, t.owner)
+        current = "the state"
+        store.remove()
+    except (OSError, UnsafePath) as exc:
+        if done and len(done) == len(targets) and not store.manifest_exists():
+            # Every file is restored and the manifest is gone: the revert is complete;
+            # what is left of the state directory is backups no file needs any more.
+            raise WriteFailed(
+                "reverted, but could not remove all of the state",
+                _os_reason(exc) if isinstance(exc, OSError) else str(exc),
+                f"remove {store.dir_path}",
+            ) from None
+        undone = _put_back(env, done, lambda t: t.old) and _restore_manifest(store, manifest)
+        raise _failure("restore", current, exc, undone, env) from None
+
+
+def _restore_manifest(store: StateStore, manifest: Manifest) -> bool:
+    try:
+        store.save(manifest)
+        return True
+    except (OSError, UnsafePath):
+        return False
+
+
+# -- recovery -----------------------------------------------------------------------------
+def recover(env: Environment, store: StateStore) -> tuple[list[str], Manifest | None | bool, Refused | None]:
+    """Finish what a killed apply or revert started (call with the lock held): notes on what was done, the
+    manifest as it leaves it (True where it wrote one: read it again), and the refusal where it cannot finish.
+
+    A journalled apply is rolled forward from its staged copies, a journalled
+    revert from the backups; temp files a killed writer left are removed. A
+    state directory without a manifest is removed only when no file needs its
+    backups (every backed-up file still has its backup's bytes).
+    """
+    notes: list[str] = []
+    manifest = store.load()
+    for relpath in store.declared:
+        _remove_stray_temps(env, relpath)
+    if manifest is None:
+        if store.holds_more_than_saved_edits():
+            _drop_orphan_state(env, store)
+            notes.append("removed the state an interrupted first apply left before its journal")
+        return notes, None, None
+    store.remove_stray_temps()
+    if manifest.transaction is None:
+        if store.copies("staged"):
+            store.clear_staged()
+        return notes, manifest, None
+    op = manifest.transaction["op"]
+    source = "staged" if op == "apply" else "backups"
+    refusal = _replay(env, store, manifest, source)
+    if refusal is not None:
+        return notes, manifest, refusal
+    if op == "apply":
+        manifest.transaction = None
+        store.save(manifest)
+        store.clear_staged()
+        notes.append("finished an interrupted apply from its journal")
+        return notes, True, None
+    store.remove()
+    notes.append("finished an interrupted revert from its journal")
+    return notes, None, None
+
+
+def _remove_stray_temps(env: Environment, relpath: str) -> None:
+    try:
+        directory, name = env.tree.parent_dir(relpath)
+    except (FileNotFoundError, NotADirectoryError, UnsafePath):
+        return
+    with directory:
+        directory.remove_stray_temps(name)
+
+
+def _drop_orphan_state(env: Environment, store: StateStore) -> None:
+    for relpath in store.copies("backups"):
+        if relpath not in store.declared:
+            raise store.unreadable(f"backups/{relpath} is not a file any patch edits")
+        backup = store.read_copy("backups", relpath)
+        if backup is not None and env.sha256(relpath) != sha256_bytes(backup):
+            raise store.unreadable(
+                f"it has no manifest but a backup of {relpath}, which differs from that file"
+                " (a patched file may need it)"
+            )
+    store.remove()
+
+
+def _replay(env: Environment, store: StateStore, manifest: Manifest, source: str) -> Refused | None:
+    """Move each file of the journalled transaction to its "to" bytes, read from the ``source`` copies.
+
+    A file already there is left alone; one that is neither "from" nor "to"
+    changed behind our back and stops the replay, nothing more written: the refusal says so.
+    """
+    op = manifest.transaction["op"]
+    for relpath, move in manifest.transaction["files"].items():
+        now = env.sha256(relpath)
+        if now == move["to"]:
+            continue
+        if now != move["from"]:
+            return Refused(
+                f"cannot finish the interrupted {op} of {relpath}",
+                "the file changed since",
+                env.reinstall_then(op),
+            )
+        data = store.read_copy(source, relpath)
+        if data is None or sha256_bytes(data) != move["to"]:
+            return Refused(f"the saved copy of {relpath} is missing or damaged", "", f"{env.reinstall()}")
+        st = env.tree.stat(relpath)
+        _replace(env, relpath, data, Owner(st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)))
+    return None
+
+
+# -- committing a plan ----------------------------------------------------------------------
+def commit(plan: Plan) -> Committed:
+    """Carry out ``plan`` (call with the lock held, never with a refusal): save the files it saves, write its
+    files and its manifest, all or none, or remove the state it removes."""
+    state = plan.state
+    env, store = state.env, state.store
+    if plan.command == "revert":
+        if plan.previous is None:  # no state to revert: a stale one, or an empty directory, goes
+            if plan.remove_state:
+                store.remove()
+            elif store.remove_if_empty():
+                return Committed(notes=(f"removed the empty {STATE_DIR}/ an interrupted run left",))
+            return Committed()
+        saved = save_local_edits(env, store, plan.save)
+        write_revert(env, store, plan.previous, plan.new)
+        return Committed(tuple(saved))
+    if plan.remove_state:
+        store.remove()
+    if not plan.writes:
+        if plan.manifest is not None:
+            store.save(plan.manifest)
+        return Committed()
+    saved = save_local_edits(env, store, plan.save)
+    write_apply(env, store, plan.previous, plan.manifest, plan.new, originals=plan.originals)
+    return Committed(tuple(saved))
+
+
+def save_local_edits(env: Environment, store: StateStore, relpaths: list[str]) -> list[str]:
+    """Save each file (as it is now) in a fresh run directory under saved-edits/; where each was saved.
+
+    Each is read only where it resolves inside the package, and saved with its own owner and mode.
+    """
+    if not relpaths:
+        return []
+    copies = []
+    for relpath in relpaths:
+        try:
+            copies.append((relpath, *env.tree.read_contained(relpath)))
+        except UnsafePath as exc:
+            raise Refused(f"refusing to save {relpath}", exc.why or exc.what, env.reinstall()) from None
+    run = store.new_saved_edits_run()
+    return [str(store.save_local_edit(run, relpath, data, owner)) for relpath, data, owner in copies]

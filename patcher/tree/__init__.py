@@ -1,0 +1,9 @@
+"""The target environment: the installed vLLM found, its files read and written safely, our state in it.
+
+    environment     the installed vLLM (and FlashInfer), found from distribution metadata alone
+    fs              file operations that stay inside the environment and never leave a file half-written
+    state           what patch-dsv4 keeps there: the manifest, the backups, the lock
+    manifest_rules  what a manifest may say, its paths and its fields, checked without touching the disk
+
+May import: patch_dsv4.output.
+"""
