@@ -59,7 +59,7 @@ import json, resource, sys, time
 start, cpu = time.perf_counter(), time.process_time()
 from patch_dsv4.doctor.readers.base import CHECKS, DoctorContext, run_checks
 from patch_dsv4.doctor.run import _read_hub_pack, _register_checks, pack_checks
-from patch_dsv4.doctor.readers.source import open_source
+from patch_dsv4.doctor.readers.hub import open_source
 ctx = DoctorContext(pack=open_source(sys.argv[1]))
 _read_hub_pack(ctx)
 _register_checks()

@@ -23,15 +23,16 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+from patch_dsv4.doctor.checks.config import fixer_refusal
 from patch_dsv4.doctor.checks.v41_config import apply_edits, v41_config_edits
-from patch_dsv4.doctor.readers.base import CONFIG_LIMIT, DoctorContext, read_regular_file
+from patch_dsv4.doctor.readers.base import CONFIG_LIMIT, DoctorContext
 from patch_dsv4.doctor.readers.family import V41
+from patch_dsv4.doctor.readers.files import read_regular_file
 from patch_dsv4.doctor.readers.pack import (
     FP8_DELEGATE,
     STOCK_POLICY,
     PackScan,
     declared_layer_bits,
-    fixer_refusal,
     layer_bits_for,
     layer_bits_problems,
     majority_k,

@@ -107,6 +107,10 @@ def _register_checks() -> None:
     """Import the check modules: registration order is report order (pack, runtime, environment, host)."""
     for name in CHECK_MODULES:
         importlib.import_module(f"{__package__}.checks.{name}")
+    # Report order is CHECK_MODULES' order, whichever module another import registered first (a check module
+    # may import another); within a module, the order its checks are defined in. run's own row comes first.
+    rank = {f"{__package__}.checks.{name}": i for i, name in enumerate(CHECK_MODULES)}
+    CHECKS.sort(key=lambda spec: rank.get(spec.fn.__module__, -1))
     for i, spec in enumerate(CHECKS):
         if spec.id in V4_ONLY and spec.family is None:
             CHECKS[i] = replace(spec, family=V4)
@@ -218,7 +222,7 @@ def doctor(env: Environment, pack: str | Path | None, serve_args: str | None, fi
     (a backup of the original kept in the pack), and the checks see the result;
     for a pack on the Hub they are printed, not written.
     """
-    from patch_dsv4.doctor.readers.source import is_hub_pack, open_source
+    from patch_dsv4.doctor.readers.hub import is_hub_pack, open_source
 
     source = None
     if isinstance(pack, str) and is_hub_pack(pack):

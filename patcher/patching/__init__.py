@@ -3,6 +3,8 @@
     patch        Patch, Edit, Scope, Context: a patch declares its edits; a Context reads one tree's files
     edits        ReplaceStatements, the edit every patch is made of
     registry     the patches, found by walking patch_dsv4.patches, held to the rules
+    follow       the one call-following facility: names resolved across vLLM's modules, calls followed from
+                 the scope a patch patches to the code that does the work (every probe uses it)
     resolve      static checks that injected code fits the release it is written into
     rewrite      the files as the pending edits write them (one libcst pass), proven idempotent
     fingerprint  structural fingerprints of code that ignore formatting (ast and hashlib only)

@@ -2,6 +2,7 @@
 
     environment     the installed vLLM (and FlashInfer), found from distribution metadata alone
     fs              file operations that stay inside the environment and never leave a file half-written
+    mounts          files mounted over site-packages (/proc/self/mountinfo): another tool's, never written
     state           what patch-dsv4 keeps there: the manifest, the backups, the lock
     manifest_rules  what a manifest may say, its paths and its fields, checked without touching the disk
 

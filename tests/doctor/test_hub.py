@@ -12,7 +12,7 @@ import pytest
 
 from patch_dsv4.doctor.readers import hub as hub_module
 from patch_dsv4.doctor.readers.base import DoctorContext, run_checks
-from patch_dsv4.doctor.readers.source import open_source
+from patch_dsv4.doctor.readers.hub import open_source
 from patch_dsv4.doctor.run import _read_hub_pack, _register_checks, pack_checks
 from patch_dsv4.output.errors import EnvironmentProblem
 from tests.conftest import run_cli

@@ -20,5 +20,6 @@ writes to the pack) and returns rows.
     environ      environment variables and serve flags
     host         the GPUs, memory, page cache
 
-May import: patch_dsv4.doctor.readers.
+May import: patch_dsv4.doctor.readers; patch_dsv4.patching, patch_dsv4.tree and patch_dsv4.output (overlay
+resolves the names an overlaid file's importers ask for with the engine's resolver).
 """

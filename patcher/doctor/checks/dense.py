@@ -9,7 +9,9 @@ from __future__ import annotations
 import ast
 from collections import Counter, defaultdict
 
-from patch_dsv4.doctor.readers.base import FAIL, PASS, SKIP, WARN, DoctorContext, Row, check, read_regular_file
+from patch_dsv4.doctor.checks.config import fix_config_note
+from patch_dsv4.doctor.readers.base import FAIL, PASS, SKIP, WARN, DoctorContext, Row, check
+from patch_dsv4.doctor.readers.files import read_regular_file
 from patch_dsv4.doctor.readers.pack import (
     DENSE_LINEARS,
     FP8_DELEGATE,
@@ -23,7 +25,6 @@ from patch_dsv4.doctor.readers.pack import (
     drafts_from_mtp,
     echo,
     first_of,
-    fix_config_note,
     json_text,
     no_shards,
     pack_scan,

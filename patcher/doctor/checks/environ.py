@@ -23,8 +23,8 @@ from patch_dsv4.doctor.readers.base import (
     Row,
     check,
     clip,
-    read_regular_file,
 )
+from patch_dsv4.doctor.readers.files import read_regular_file
 from patch_dsv4.doctor.readers.pack import INDEX_NAME, pack_index, pack_scan
 from patch_dsv4.doctor.readers.serving_env import (
     dense_exl3_modules,

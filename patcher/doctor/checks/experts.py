@@ -10,6 +10,7 @@ from __future__ import annotations
 import shlex
 from collections import Counter, defaultdict
 
+from patch_dsv4.doctor.checks.config import fix_config_note
 from patch_dsv4.doctor.readers.base import FAIL, PASS, SKIP, DoctorContext, Row, check
 from patch_dsv4.doctor.readers.pack import (
     EXL3_COMPLETE,
@@ -23,7 +24,6 @@ from patch_dsv4.doctor.readers.pack import (
     declared_bits,
     declared_layer_bits,
     first_of,
-    fix_config_note,
     json_text,
     layer_bits_for,
     layer_bits_problems,

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import re
 
+from patch_dsv4.doctor.checks.config import fix_config_note
 from patch_dsv4.doctor.readers.base import FAIL, PASS, WARN, DoctorContext, Row, check
 from patch_dsv4.doctor.readers.pack import (
     MTP_DRAFT_METHODS,
     config_int,
     echo,
-    fix_config_note,
     pack_scan,
     plural,
     routing_bias_layers,

@@ -38,7 +38,8 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from patch_dsv4.doctor.readers.base import FAIL, PASS, SKIP, WARN, DoctorContext, Row, check, clip, read_regular_file
+from patch_dsv4.doctor.readers.base import FAIL, PASS, SKIP, WARN, DoctorContext, Row, check, clip
+from patch_dsv4.doctor.readers.files import read_regular_file
 
 RECORD_LIMIT = 16 << 20  # bytes of RECORD read (0.34.0's: ~0.7 MB)
 SOURCE_LIMIT = 8 << 20  # bytes of one .py read

@@ -16,19 +16,13 @@ import re
 from patch_dsv4.doctor.checks.runtime import parse_python, vllm_file
 from patch_dsv4.doctor.checks.v41_config import v41_numbers
 from patch_dsv4.doctor.checks.v41_serving import data_parallel_size, dspark_on, json_flag
-from patch_dsv4.doctor.checks.v41_tensors import images_off, table_expectations
+from patch_dsv4.doctor.checks.v41_tensors import disk_engram_kit, images_off, table_expectations
 from patch_dsv4.doctor.readers.base import FAIL, INFO, PASS, SKIP, WARN, DoctorContext, Row, check, clip
 from patch_dsv4.doctor.readers.family import V41
 from patch_dsv4.doctor.readers.pack import pack_scan
 from patch_dsv4.doctor.readers.serving_env import gib, gpu_memory_utilization, gpus, meminfo, tensor_parallel_size
 
 GB10_VISIBLE = 121.69 * 2**30  # what a DGX Spark shows as MemTotal (DOCTOR-FACTS.md B.2)
-# What a kit's disk-backed Engram leaves in the vLLM tree, and the switch that turns it on (v41-packs.md §3.3).
-DISK_ENGRAM_KITS = (
-    ("vcruz305's disk-backed Engram", "engram_disk", "VLLM_ENGRAM_DISK_BACKED"),
-    ("LakyFx/tonyd2wild's DiskEngramTable", "DiskEngramTable", "DSV41_ENGRAM_DISK"),
-)
-ENGRAM_SOURCES = ("vllm/models/deepseek_v41", "vllm/models/deepseek_v4_1", "vllm/model_executor/models/deepseek_v41")
 
 
 def power_of_two(n: int) -> int:
@@ -62,45 +56,6 @@ def engram_config_fields(ctx: DoctorContext) -> frozenset | None:
         return None
 
     return ctx.cached("vllm:engram-config", read)
-
-
-def _table_dir_switch(ctx: DoctorContext) -> str | None:
-    """MiaAI-Lab's switch: ``engram_table_dir`` in the config or in a dict ``--hf-overrides``."""
-    if ctx.config().get("engram_table_dir"):
-        return "text_config.engram_table_dir"
-    overrides = json_flag(ctx, "--hf-overrides")
-    if isinstance(overrides, dict) and overrides.get("engram_table_dir"):
-        return "--hf-overrides engram_table_dir"
-    return None
-
-
-def disk_engram_kit(ctx: DoctorContext) -> str | None:
-    """The disk-backed Engram kit installed in the vLLM tree with its switch on, if any (v41-packs.md §3.3):
-    its marker in the V4.1 model sources, and its variable (or MiaAI-Lab's engram_table_dir) set."""
-    if ctx.runtime is None or ctx.runtime.vllm_root is None:
-        return None
-    kits = [
-        (label, marker, switch)
-        for label, marker, switch in DISK_ENGRAM_KITS
-        if ctx.environ.get(switch, "").strip() in ("1", "true", "True")
-    ]
-    table_dir = _table_dir_switch(ctx)
-    if table_dir:
-        kits.append(("MiaAI-Lab's file-backed Engram", "engram_table_dir", table_dir))
-    for label, marker, switch in kits:
-        for folder in ENGRAM_SOURCES:
-            try:
-                paths = sorted((ctx.runtime.vllm_root / folder).rglob("*.py"))
-            except OSError:
-                continue
-            for path in paths:
-                try:
-                    if marker.encode() in path.read_bytes() or marker in path.name:
-                        said = switch if switch.startswith(("text_config", "--")) else f"{switch}=1"
-                        return f"{label} ({path.name}, {said})"
-                except OSError:
-                    continue
-    return None
 
 
 def rank_tables(ctx: DoctorContext, tp: int) -> tuple[int, int, int]:

@@ -11,6 +11,7 @@ from math import prod
 
 from patch_dsv4.doctor.checks.experts import _expected_layout
 from patch_dsv4.doctor.checks.v41_config import V41Numbers, pack_is_routed_only, v41_numbers
+from patch_dsv4.doctor.checks.v41_serving import json_flag
 from patch_dsv4.doctor.readers.base import FAIL, INFO, PASS, SKIP, WARN, DoctorContext, Row, check
 from patch_dsv4.doctor.readers.family import V41
 from patch_dsv4.doctor.readers.pack import EXL3_COMPLETE, SOURCE_COMPLETE, Dims, first_of, no_shards, pack_scan, plural
@@ -22,6 +23,13 @@ PLUGIN_V41_MARKERS = ("install_deepseek_v41_compat", "deepseek_v41")
 # Mia's in-tree EXL3 method (MIA overlay/exl3.py), the one way dense-EXL3 V4.1 packs serve today (K §1 item 3)
 IN_TREE_EXL3 = "vllm/model_executor/layers/quantization/exl3.py"
 MAX_K = 8  # exllamav3's MoE kernel takes K 1-8 (VC lock exllamav3_moe_kernel_k); per-tensor K in V4.1 packs
+
+# What a kit's disk-backed Engram leaves in the vLLM tree, and the switch that turns it on (v41-packs.md §3.3).
+DISK_ENGRAM_KITS = (
+    ("vcruz305's disk-backed Engram", "engram_disk", "VLLM_ENGRAM_DISK_BACKED"),
+    ("LakyFx/tonyd2wild's DiskEngramTable", "DiskEngramTable", "DSV41_ENGRAM_DISK"),
+)
+ENGRAM_SOURCES = ("vllm/models/deepseek_v41", "vllm/models/deepseek_v4_1", "vllm/model_executor/models/deepseek_v41")
 
 
 def _skip_without_numbers(check_id: str, ctx: DoctorContext) -> tuple[V41Numbers | None, Row | None]:
@@ -200,10 +208,6 @@ def check_engram_tables(ctx: DoctorContext) -> Row:
         if part not in found.get(layer, {})
     ]
     if missing:
-        from patch_dsv4.doctor.checks.v41_engram import (
-            disk_engram_kit,  # its checks are registered by run.py in their place
-        )
-
         kit = disk_engram_kit(ctx)
         if kit:
             return Row(
@@ -443,3 +447,42 @@ def check_vision(ctx: DoctorContext) -> Row:
     return Row(
         "v41.vision", PASS, f"vision tower of {layers} layers ({scan.vision_tensors} tensors with the gates' bias_vl)."
     )
+
+
+def _table_dir_switch(ctx: DoctorContext) -> str | None:
+    """MiaAI-Lab's switch: ``engram_table_dir`` in the config or in a dict ``--hf-overrides``."""
+    if ctx.config().get("engram_table_dir"):
+        return "text_config.engram_table_dir"
+    overrides = json_flag(ctx, "--hf-overrides")
+    if isinstance(overrides, dict) and overrides.get("engram_table_dir"):
+        return "--hf-overrides engram_table_dir"
+    return None
+
+
+def disk_engram_kit(ctx: DoctorContext) -> str | None:
+    """The disk-backed Engram kit installed in the vLLM tree with its switch on, if any (v41-packs.md §3.3):
+    its marker in the V4.1 model sources, and its variable (or MiaAI-Lab's engram_table_dir) set."""
+    if ctx.runtime is None or ctx.runtime.vllm_root is None:
+        return None
+    kits = [
+        (label, marker, switch)
+        for label, marker, switch in DISK_ENGRAM_KITS
+        if ctx.environ.get(switch, "").strip() in ("1", "true", "True")
+    ]
+    table_dir = _table_dir_switch(ctx)
+    if table_dir:
+        kits.append(("MiaAI-Lab's file-backed Engram", "engram_table_dir", table_dir))
+    for label, marker, switch in kits:
+        for folder in ENGRAM_SOURCES:
+            try:
+                paths = sorted((ctx.runtime.vllm_root / folder).rglob("*.py"))
+            except OSError:
+                continue
+            for path in paths:
+                try:
+                    if marker.encode() in path.read_bytes() or marker in path.name:
+                        said = switch if switch.startswith(("text_config", "--")) else f"{switch}=1"
+                        return f"{label} ({path.name}, {said})"
+                except OSError:
+                    continue
+    return None

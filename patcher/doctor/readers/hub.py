@@ -31,11 +31,11 @@ import errno
 import os
 import re
 import struct
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 
-from patch_dsv4.doctor.readers.base import clip
+from patch_dsv4.doctor.readers.files import clip
 from patch_dsv4.doctor.readers.safetensors import Budget, Shard, ShardError
-from patch_dsv4.doctor.readers.source import HUB_SCHEME, PackSource
+from patch_dsv4.doctor.readers.source import HUB_SCHEME, LocalSource, PackSource
 from patch_dsv4.output.errors import EnvironmentProblem
 
 INSTALL = "pip install 'patch-dsv4[hub]'"
@@ -399,3 +399,15 @@ class HubShard(Shard):
 
     def read_i32(self, name: str) -> int:
         raise ShardError(self.path, f"tensor {name!r} is in the data, which doctor does not read from the Hub")
+
+
+def is_hub_pack(text: str) -> bool:
+    return text.startswith(HUB_SCHEME)
+
+
+def open_source(pack: str | Path) -> PackSource:
+    """The source ``--pack`` names: ``hf://OWNER/NAME[@REVISION]`` on the Hub (its revision resolved to a
+    commit now; raises EnvironmentProblem when that fails), else a local directory."""
+    if isinstance(pack, str) and is_hub_pack(pack):
+        return HubSource.open(pack)
+    return LocalSource(Path(pack))

@@ -15,7 +15,6 @@ import functools
 import gc
 import json
 import re
-import shlex
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +22,6 @@ from pathlib import Path
 from patch_dsv4.doctor.readers.base import (
     SKIP,
     DoctorContext,
-    PackUnreadable,
     Row,
     clip,
     json_cost,
@@ -553,49 +551,6 @@ def speculative_config(ctx: DoctorContext) -> dict | str | None:
 def drafts_from_mtp(ctx: DoctorContext) -> bool:
     spec = speculative_config(ctx)
     return isinstance(spec, dict) and spec.get("method") in MTP_DRAFT_METHODS
-
-
-def fixer_refusal(ctx: DoctorContext) -> str | None:
-    """Why ``--fix-config`` would refuse this pack, or None when it fits the recipe's fixer.
-
-    R fix_pack_config.py writes a block for routed-only EXL3 packs with BF16 dense
-    weights and source-format MTP experts; it deletes ``non_routed_exl3`` and re-adds
-    ``mtp_experts: "source"`` on anything else (A.2 "Traps").
-    """
-    return ctx.cached("pack.fixer_refusal", lambda: _fixer_refusal(ctx))
-
-
-def _fixer_refusal(ctx: DoctorContext) -> str | None:
-    try:
-        cfg = ctx.config()
-    except PackUnreadable as exc:
-        return str(exc)
-    if ctx.pack_family() == "v41":  # V4.1 has its own edits (v41_config.v41_config_edits)
-        from patch_dsv4.doctor.checks.v41_config import v41_fixer_refusal
-
-        return v41_fixer_refusal(ctx)
-    scan = pack_scan(ctx)
-    if config_int(cfg, "num_hidden_layers") is None:
-        return "config.json has no integer num_hidden_layers"
-    if "non_routed_exl3" in quantization_config(cfg) or scan.dense_exl3_modules():
-        return "this is a dense-EXL3 pack (non_routed_exl3, lna-lab Dense bake), not a routed-only EXL3 pack"
-    if scan.mtp_format() in ("exl3", "mixed"):
-        return 'its MTP experts are EXL3 (.trellis); mtp_experts "source" would hand them to the fp8 delegate'
-    if scan.listing_error or scan.problems:
-        return "some shard headers cannot be read (see pack.shards), so layer_bits cannot be derived"
-    k = scan.layer_k()
-    if not k:
-        return "the shards hold no routed-expert trellis, so this is not an EXL3 MixedK pack"
-    mixed = sorted(layer for layer, value in k.items() if value is None)
-    if mixed:
-        return f"layer {mixed[0]} has trellis widths no single K expresses (see experts.one-k)"
-    return None
-
-
-def fix_config_note(ctx: DoctorContext) -> str:
-    if fixer_refusal(ctx) is None:
-        return f" (patch-dsv4 doctor --pack {shlex.quote(str(ctx.pack))} --fix-config writes it)"
-    return ""
 
 
 def no_shards(check_id: str, scan: PackScan) -> Row | None:

@@ -51,7 +51,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from patch_dsv4.doctor.readers.base import clip, json_cost
+from patch_dsv4.doctor.readers.files import clip, json_cost
 
 # Each dtype the library knows, in bits per element (F4 and the F6 formats pack several values per byte).
 DTYPE_BITS = {

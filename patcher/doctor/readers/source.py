@@ -12,7 +12,7 @@ A source offers:
 - ``read_file(name, limit)``: the bytes of a top-level file, at most ``limit`` of
   them; ``FileNotFoundError`` when the pack has no such file, ``OSError`` with
   ``errno.EFBIG`` when it is longer than ``limit``, another ``OSError`` when it
-  cannot be read (the contract of ``base.read_regular_file``);
+  cannot be read (the contract of ``files.read_regular_file``);
 - ``shard_files()``: the top-level ``*.safetensors``, sorted by name, each with a
   ``.name`` (``Path`` here, ``PurePosixPath`` on the Hub); ``OSError`` when the
   pack cannot be listed;
@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from patch_dsv4.doctor.readers.base import read_regular_file
+from patch_dsv4.doctor.readers.files import read_regular_file
 from patch_dsv4.doctor.readers.safetensors import Budget, Shard
 
 HUB_SCHEME = "hf://"
@@ -102,17 +102,3 @@ class LocalSource(PackSource):
         import shlex
 
         return f"hf download <repo-id> --local-dir {shlex.quote(str(self.path))}"
-
-
-def is_hub_pack(text: str) -> bool:
-    return text.startswith(HUB_SCHEME)
-
-
-def open_source(pack: str | Path) -> PackSource:
-    """The source ``--pack`` names: ``hf://OWNER/NAME[@REVISION]`` on the Hub (its revision resolved to a
-    commit now; raises EnvironmentProblem when that fails), else a local directory."""
-    if isinstance(pack, str) and is_hub_pack(pack):
-        from patch_dsv4.doctor.readers.hub import HubSource
-
-        return HubSource.open(pack)
-    return LocalSource(Path(pack))

@@ -1,0 +1,74 @@
+"""Reading what a pack or an environment hands doctor, bounded: regular files only, values echoed clipped,
+JSON refused before it would balloon. The floor of doctor's readers: it imports nothing of the package."""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from pathlib import Path
+
+ECHO_LIMIT = 200  # characters of a value from the input that a row repeats
+
+
+def clip(text: str, limit: int = ECHO_LIMIT) -> str:
+    """``text`` cut to ``limit`` characters, saying how long it was: for values echoed from the input."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text):,} characters)"
+
+
+def json_cost(raw: bytes) -> int:
+    """An upper bound, in bytes, of what ``json.loads(raw)`` allocates (the text it decodes included), from
+    counts of the bytes that open containers and separate values; used to refuse input it would balloon on
+    (a 60 MB list of empty lists is 1.5 GB of objects)."""
+    width = 1 if raw.isascii() else 4
+    return (
+        (1 + 2 * width) * len(raw)
+        + 240 * raw.count(b"{")
+        + 64 * raw.count(b"[")
+        + 96 * (raw.count(b",") + raw.count(b":"))
+        + 40 * raw.count(b'"')
+    )
+
+
+def json_depth_over(value, limit: int) -> bool:
+    """Whether ``value`` (parsed JSON) nests dicts and lists more than ``limit`` deep (iterative: one iterator
+    per level held, whatever the width)."""
+
+    def items(container):
+        return iter(container.values() if isinstance(container, dict) else container)
+
+    if not isinstance(value, (dict, list)):
+        return False
+    stack = [items(value)]
+    while stack:
+        if len(stack) > limit:
+            return True
+        for child in stack[-1]:
+            if isinstance(child, (dict, list)):
+                stack.append(items(child))
+                break
+        else:
+            stack.pop()
+    return False
+
+
+def read_regular_file(path: Path, limit: int = 64 << 20) -> bytes:
+    """The bytes of ``path`` if it is a regular file of at most ``limit`` bytes; else OSError.
+
+    Opened non-blocking, so a FIFO or device under a pack's file name cannot hang doctor.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        if info.st_size > limit:
+            raise OSError(errno.EFBIG, f"{info.st_size:,} bytes, more than the {limit:,} doctor reads")
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
