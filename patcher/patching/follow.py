@@ -196,6 +196,12 @@ class Follower:
     # -- names -----------------------------------------------------------------
     def resolve(self, module: str, name: str, _seen: frozenset = frozenset()) -> list[Definition]:
         """Every definition ``name`` has at module level of ``module`` (imports and re-exports followed)."""
+        if _seen:  # inside a chain of imports: the cycle guard makes it depend on the chain
+            return self._resolve(module, name, _seen)
+        return list(self.ctx.memo(("resolve", module, name), lambda: self._resolve(module, name)))
+
+    def _resolve(self, module: str, name: str, _seen: frozenset = frozenset()) -> list[Definition]:
+        """Every definition ``name`` has at module level of ``module`` (imports and re-exports followed)."""
         key = (module, name)
         if key in _seen or len(_seen) > 12:
             return []
@@ -290,6 +296,10 @@ class Follower:
 
     def mro(self, cls: Definition) -> list[Definition]:
         """The class and its bases, depth first, each once."""
+        return list(self.ctx.memo(("mro", id(cls.node)), lambda: self._mro(cls)))
+
+    def _mro(self, cls: Definition) -> list[Definition]:
+        """The class and its bases, depth first, each once."""
         order: list[Definition] = []
         stack = [cls]
         while stack and len(order) < 32:
@@ -301,6 +311,10 @@ class Follower:
         return order
 
     def method(self, cls: Definition, name: str) -> Definition | None:
+        """``cls.name`` as Python finds it: the class, then its bases."""
+        return self.ctx.memo(("method", id(cls.node), name), lambda: self._method(cls, name))
+
+    def _method(self, cls: Definition, name: str) -> Definition | None:
         """``cls.name`` as Python finds it: the class, then its bases."""
         for owner in self.mro(cls):
             node = next(
@@ -317,6 +331,10 @@ class Follower:
         return None
 
     def classes_of_attribute(self, cls: Definition, attr: str) -> list[Definition]:
+        """The classes ``self.<attr>`` is an instance of, from its assignments in ``__init__`` (class or bases)."""
+        return list(self.ctx.memo(("attribute", id(cls.node), attr), lambda: self._classes_of_attribute(cls, attr)))
+
+    def _classes_of_attribute(self, cls: Definition, attr: str) -> list[Definition]:
         """The classes ``self.<attr>`` is an instance of, from its assignments in ``__init__`` (class or bases)."""
         found: list[Definition] = []
         for owner in self.mro(cls):

@@ -25,37 +25,41 @@ def module_path(ctx: Context, module: str) -> str | None:
 
 
 def top_level_names(tree: ast.Module) -> dict[str, ast.AST]:
+    """The names bound at module level (under ``if TYPE_CHECKING:`` and try-import blocks too), each to the
+    statement that binds it first in breadth-first order; computed once per parsed tree (do not mutate)."""
+    cached = getattr(tree, "_patch_dsv4_names", None)
+    if cached is None:
+        cached = _top_level_names(tree)
+        tree._patch_dsv4_names = cached  # type: ignore[attr-defined]
+    return cached
+
+
+def _top_level_names(tree: ast.Module) -> dict[str, ast.AST]:
+    # Breadth first, as ast.walk visits them: a handler's body sits one level below its ``try``'s other blocks.
     names: dict[str, ast.AST] = {}
-    for node in ast.walk(tree):
-        # Module level, including under `if TYPE_CHECKING:` / try-import blocks.
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            if node in tree.body or _is_toplevel(tree, node):
+    level: list[ast.AST] = list(tree.body)
+    while level:
+        below: list[ast.AST] = []
+        for node in level:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 names.setdefault(node.name, node)
-        elif isinstance(node, (ast.Import, ast.ImportFrom)) and _is_toplevel(tree, node):
-            for alias in node.names:
-                names.setdefault((alias.asname or alias.name).split(".")[0], node)
-        elif isinstance(node, (ast.Assign, ast.AnnAssign)) and _is_toplevel(tree, node):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            for target in targets:
-                for sub in ast.walk(target):
-                    if isinstance(sub, ast.Name):
-                        names.setdefault(sub.id, node)
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                for alias in node.names:
+                    names.setdefault((alias.asname or alias.name).split(".")[0], node)
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                for target in targets:
+                    for sub in ast.walk(target):
+                        if isinstance(sub, ast.Name):
+                            names.setdefault(sub.id, node)
+            elif isinstance(node, ast.If):
+                below += [*node.body, *node.orelse]
+            elif isinstance(node, ast.Try):
+                below += [*node.body, *node.handlers, *node.orelse, *node.finalbody]
+            elif isinstance(node, ast.ExceptHandler):
+                below += node.body
+        level = below
     return names
-
-
-def _is_toplevel(tree: ast.Module, node: ast.AST) -> bool:
-    stack = list(tree.body)
-    while stack:
-        current = stack.pop()
-        if current is node:
-            return True
-        if isinstance(current, (ast.If, ast.Try)):
-            stack.extend(current.body)
-            stack.extend(getattr(current, "orelse", []))
-            stack.extend(getattr(current, "finalbody", []))
-            for handler in getattr(current, "handlers", []):
-                stack.extend(handler.body)
-    return False
 
 
 def _free_names(tree: ast.Module) -> set[str]:
