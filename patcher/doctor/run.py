@@ -38,8 +38,8 @@ PACK_CHECK_MODULES = (
     "v41_config",  # v41.config, v41.delegate (DeepSeek-V4.1 packs only)
     "config",  # pack.config, pack.text-config, quant.method, quant.bits, quant.codebook
     "shards",  # pack.shards, pack.index, pack.symlinks
-    "v41_tensors",  # v41.pack-kind, v41.engram-tables, v41.backbone, v41.experts, v41.vision (V4.1 only)
     "experts",  # experts.complete, experts.shapes, experts.one-k, quant.layer-bits, experts.markers
+    "v41_tensors",  # v41.pack-kind, v41.engram-tables, v41.backbone, v41.experts, v41.vision (V4.1 only)
     "dense",  # dense.policy, mtp.format, quant.delegate, dense.exl3-map, dense.wo-a-slices
     "model",  # config.topk-method, config.hash-layers, config.vision, config.spec-k
 )
