@@ -22,5 +22,6 @@ What they share: ``pack`` (the pack read once), ``safetensors`` (the header read
 Layout: ``run`` (the command) and ``fix_config`` (``--fix-config``'s writer) here; the checks in ``checks/``;
 what they read, and the rows and context they share, in ``readers/``.
 
-May import: patch_dsv4.doctor, patch_dsv4.pipeline, patch_dsv4.fastpath, patch_dsv4.tree, patch_dsv4.output.
+May import: patch_dsv4.doctor, patch_dsv4.pipeline, patch_dsv4.fastpath, patch_dsv4.patching, patch_dsv4.tree,
+patch_dsv4.output.
 """
