@@ -16,7 +16,7 @@ import difflib
 import functools
 import inspect
 import textwrap
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from patch_dsv4.output.verdicts import Outcome, Verdict
@@ -54,13 +54,19 @@ def helper_source(function: Callable) -> str:
     raise ValueError(f"{function.__name__} is not a module-level function of {function.__module__}")
 
 
-def _blocks(node: ast.AST) -> Iterator[list[ast.stmt]]:
-    """Every statement list (body, else, finally, handlers...) under ``node``."""
-    for sub in ast.walk(node):
-        for name in ("body", "orelse", "finalbody"):
-            block = getattr(sub, name, None)
-            if isinstance(block, list) and block and isinstance(block[0], ast.stmt):
-                yield block
+def _blocks(node: ast.AST) -> list[list[ast.stmt]]:
+    """Every statement list (body, else, finally, handlers...) under ``node``; found once per node (the parsed
+    trees are shared and never changed, so the list is kept on the node)."""
+    found = getattr(node, "_patch_dsv4_blocks", None)
+    if found is None:
+        found = []
+        for sub in ast.walk(node):
+            for name in ("body", "orelse", "finalbody"):
+                block = getattr(sub, name, None)
+                if isinstance(block, list) and block and isinstance(block[0], ast.stmt):
+                    found.append(block)
+        node._patch_dsv4_blocks = found  # type: ignore[attr-defined]
+    return found
 
 
 def find_sequences(scope: ast.AST, wanted: list[str]) -> list[tuple[list[ast.stmt], int]]:
@@ -83,11 +89,17 @@ def _defined_name(node: ast.stmt) -> str | None:
     return None
 
 
-def _named(node: ast.AST) -> Iterator[str]:
-    for sub in ast.walk(node):
-        name = getattr(sub, "id", None) or getattr(sub, "name", None) or getattr(sub, "attr", None)
-        if isinstance(name, str) and name.startswith(INJECTED_PREFIX):
-            yield name
+def _named(node: ast.AST) -> list[str]:
+    """The injected names ``node`` mentions, in walk order; found once per node (kept on it, as ``_blocks``)."""
+    found = getattr(node, "_patch_dsv4_named", None)
+    if found is None:
+        found = []
+        for sub in ast.walk(node):
+            name = getattr(sub, "id", None) or getattr(sub, "name", None) or getattr(sub, "attr", None)
+            if isinstance(name, str) and name.startswith(INJECTED_PREFIX):
+                found.append(name)
+        node._patch_dsv4_named = found  # type: ignore[attr-defined]
+    return found
 
 
 def mentions_injected(node: ast.AST, names: frozenset[str] | None = None) -> bool:

@@ -157,14 +157,20 @@ def _function_statements(func: FunctionNode) -> Iterator[ast.stmt]:
 
 
 def calls_in(func: FunctionNode) -> list[ast.Call]:
-    """The calls a function makes itself (not those of nested functions), in source order."""
-    found = [
-        node
-        for stmt in _function_statements(func)
-        for node in ast.walk(stmt)
-        if isinstance(node, ast.Call) and not isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
-    ]
-    return sorted(dict.fromkeys(found), key=lambda n: (n.lineno, n.col_offset))
+    """The calls a function makes itself (not those of nested functions), in source order; found once per
+    function (the parsed trees are shared and never changed, so the list is kept on the node)."""
+    cached = getattr(func, "_patch_dsv4_calls", None)
+    if cached is None:
+        found = [
+            node
+            for stmt in _function_statements(func)
+            for node in ast.walk(stmt)
+            if isinstance(node, ast.Call)
+            and not isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+        ]
+        cached = sorted(dict.fromkeys(found), key=lambda n: (n.lineno, n.col_offset))
+        func._patch_dsv4_calls = cached  # type: ignore[attr-defined]
+    return list(cached)
 
 
 class Follower:
