@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
-import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -221,29 +221,32 @@ def test_python_option_bad_interpreter(tmp_path, cli):
 
 
 # -- crash safety: SIGKILL at every write step -------------------------------------
-KILL_AT_STEP = """
-import os, signal, sys
-import patch_dsv4.tree.fs as fs
-target, count = int(sys.argv[1]), 0
-def hook(name):
-    global count
-    count += 1
-    if count == target:
-        os.kill(os.getpid(), signal.SIGKILL)
-fs.set_fault_hook(hook)
-from patch_dsv4.cli import main
-main(sys.argv[2:])
-"""
-
-
 def _killed_run(step: int, *args) -> int:
-    proc = subprocess.run(
-        [sys.executable, "-c", KILL_AT_STEP, str(step), *map(str, args)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-    )
-    return proc.returncode
+    """The command, in a child process killed with SIGKILL at its ``step``-th write step (the fault hook); the
+    child's exit status, negative for a signal. The child is forked from this process (no interpreter start,
+    the trees already parsed), so that every step can be tried; it writes nothing to this process's output."""
+    from patch_dsv4.cli import main
+    from patch_dsv4.tree import fs
+
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        code = 70
+        try:
+            sys.stdout = sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - the child exits without closing
+            count = 0
+
+            def hook(_name: str) -> None:
+                nonlocal count
+                count += 1
+                if count == step:
+                    os.kill(os.getpid(), signal.SIGKILL)
+
+            fs.set_fault_hook(hook)
+            code = main([str(a) for a in args])
+        finally:
+            os._exit(code if isinstance(code, int) else 70)
+    _, status = os.waitpid(pid, 0)
+    return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
 
 
 def _old_or_new(tree: Path, old: dict, new: dict) -> None:
@@ -261,11 +264,11 @@ def test_apply_killed_at_every_step(version, make_tree, cli):
     assert cli("apply", "--site-packages", reference).code == 0
     new = content_snapshot(reference)
     assert old != new
+    tree = make_tree(version)  # one tree throughout: each step must leave it as it began (asserted below)
     step = 0
     while True:
         step += 1
         recovery = "apply" if step % 2 else "revert"  # both kinds of recovery, across the steps
-        tree = make_tree(version)
         code = _killed_run(step, "apply", "--site-packages", tree)
         if code == 0:
             assert content_snapshot(tree) == new
@@ -280,17 +283,17 @@ def test_apply_killed_at_every_step(version, make_tree, cli):
             assert cli("revert", "--site-packages", tree).code == 0
             assert content_snapshot(tree) == old
         assert not (tree / ".patch-dsv4").exists(), (step, recovery)
-        shutil.rmtree(tree.parent)
+        assert content_snapshot(tree) == old, (step, recovery)
     assert step > 5, "the fault hook never fired: nothing was tested"
 
 
 @pytest.mark.parametrize("version", ["0.30.0"])
 def test_revert_killed_at_every_step(version, make_tree, cli):
+    tree = make_tree(version)  # one tree throughout: each step must leave it as it began (asserted below)
+    old = content_snapshot(tree)
     step = 0
     while True:
         step += 1
-        tree = make_tree(version)
-        old = content_snapshot(tree)
         assert cli("apply", "--site-packages", tree).code == 0
         new = content_snapshot(tree)
         code = _killed_run(step, "revert", "--site-packages", tree)
@@ -303,7 +306,6 @@ def test_revert_killed_at_every_step(version, make_tree, cli):
         assert content_snapshot(tree) == old
         assert not (tree / ".patch-dsv4").exists()
         assert not list((tree / DSV4).rglob("*.tmp"))
-        shutil.rmtree(tree.parent)
     assert step > 2, "the fault hook never fired: nothing was tested"
 
 
