@@ -31,10 +31,16 @@ imports this module, when it has a fingerprint to make).
 
 import itertools
 import os
+import sys
 
-try:  # hashlib.sha256 itself where OpenSSL has it, without hashlib's set-up of every other algorithm (0.7 ms)
-    from _hashlib import openssl_sha256 as sha256
-except ImportError:
+# The interpreter's own SHA-256: what is hashed here is short (texts, and vLLM's METADATA and WHEEL), and OpenSSL's
+# library (_hashlib) takes a cold interpreter about 3 ms to load (patch_dsv4.fastpath.quick loads it to read files).
+try:  # by name: a module looked for and not found costs a search of every sys.path entry
+    if sys.version_info >= (3, 12):
+        from _sha2 import sha256
+    else:
+        from _sha256 import sha256
+except ImportError:  # an interpreter built without its own hashes
     from hashlib import sha256
 
 FORMAT = 1
@@ -357,8 +363,6 @@ def expect(document: dict, served, expected: str) -> list[str]:
 
 
 def write_differences(found: list[str], stream=None) -> None:
-    import sys
-
     stream = stream or sys.stderr
     for line in found:
         stream.write(f"patch-dsv4: fingerprint differs from the expected one: {line}\n")
