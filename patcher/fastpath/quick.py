@@ -23,7 +23,9 @@ import sys
 # The interpreter's own SHA-256 for the short texts hashed on every run (the patch digest): loading OpenSSL's library
 # (_hashlib) takes a cold interpreter about 3 ms, so it is loaded only where a file must be read (file_sha256).
 try:  # by name: a module looked for and not found costs a search of every sys.path entry
-    if sys.version_info >= (3, 12):
+    if "_hashlib" in sys.modules:  # OpenSSL's, loaded already (vLLM has, before it calls its plugins)
+        from _hashlib import openssl_sha256 as sha256
+    elif sys.version_info >= (3, 12):
         from _sha2 import sha256
     else:
         from _sha256 import sha256
@@ -100,14 +102,18 @@ class DistInfo:
         self.path = path  # the dist-info directory
 
 
-def _metadata_headers(text: str) -> dict[str, list[str]]:
+def _metadata_headers(text: str, first: tuple[str, ...] = ()) -> dict[str, list[str]]:
+    """The headers of a METADATA text (lower-case name -> values); with ``first``, read only until each of those
+    names has a value (Name and Version lead every METADATA: its hundred Requires-Dist lines are not read)."""
     headers: dict[str, list[str]] = {}
-    for line in text.splitlines():
+    for line in text.partition("\n\n")[0].splitlines():  # the description after the headers: not split
         if not line.strip():
             break
         key, sep, value = line.partition(":")
         if sep and not line[0].isspace():
             headers.setdefault(key.strip().lower(), []).append(value.strip())
+            if first and all(name in headers for name in first):
+                break
     return headers
 
 
@@ -156,7 +162,7 @@ def find_dist(name: str, search_path: list[str], listed: dict | None = None) -> 
                     text = read_regular(os.path.join(entry, dist_info, "METADATA"), 1 << 20).decode("utf-8")
                 except (OSError, UnicodeDecodeError):
                     return False
-                headers = _metadata_headers(text)
+                headers = _metadata_headers(text, ("name", "version"))
                 if canonical((headers.get("name") or [""])[0]) == wanted and headers.get("version"):
                     path = os.path.join(entry, dist_info)
                     found.append(DistInfo(wanted, headers["version"][0], entry, text, path))
@@ -280,10 +286,14 @@ def _read_state_json(site_packages: str, name: str) -> dict | None:
     finally:
         os.close(state)
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
             return None
-        with os.fdopen(fd, "rb", closefd=False) as fh:
-            data = loads(fh.read(64 << 20))
+        chunks, left = [], 64 << 20
+        while left > 0 and (chunk := os.read(fd, min(left, max(st.st_size + 1, 1 << 16)))):
+            chunks.append(chunk)
+            left -= len(chunk)
+        data = loads(b"".join(chunks))
     except (OSError, ValueError, RecursionError):
         return None
     finally:
@@ -441,6 +451,7 @@ class Hasher:
 
     def __init__(self, site_packages: str) -> None:
         self.site = site_packages
+        self._prefix = os.path.join(site_packages, "")  # + a relative path: os.path.join's, a tenth of its time
         self._cache: dict[str, str | None] = {}
         self._keys: dict[str, tuple[tuple, str]] | None = None  # read on the first file asked for
 
@@ -457,13 +468,13 @@ class Hasher:
         if recorded is None:
             return None
         try:
-            st = os.stat(os.path.join(self.site, relpath))
+            st = os.stat(self._prefix + relpath)
         except OSError:
             return None
         return recorded[1] if stat.S_ISREG(st.st_mode) and stat_key(st) == recorded[0] else None
 
     def _hash(self, relpath: str) -> str | None:
-        return _hash_file(os.path.join(self.site, relpath))[0]
+        return _hash_file(self._prefix + relpath)[0]
 
 
 def _hash_file(path: str) -> tuple[str | None, object]:
@@ -579,8 +590,9 @@ def patch_digest() -> str:
     installed = _installed_hashes(os.path.join(site, f"{os.path.basename(root)}-{__version__}.dist-info", "RECORD"))
     digest = sha256(__version__.encode())
     for directory in (root, _subpackage_dir("patches")):
+        prefix = os.path.join(directory, "")
         for name in _sources(directory):
-            path = os.path.join(directory, *name.split("/"))
+            path = prefix + name  # POSIX: name's "/" is the separator
             sha = _recorded_sha(installed, path[len(site) :].replace(os.sep, "/"), path) if installed else None
             if sha is None:
                 with open(path, "rb") as fh:

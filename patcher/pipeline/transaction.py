@@ -378,7 +378,7 @@ def record_stat_keys(env: Environment, store: StateStore, manifest: Manifest) ->
             newest = max(quick.changed_ns(site, rel) for rel in relpaths)
             keys = quick.stat_keys(site, relpaths, store.stamp(newest + quick.SETTLED_NS, timeout=0.25))
             document = {"format": quick.STAT_KEYS_FORMAT, "files": keys}
-            data = (json.dumps(document, indent=1, sort_keys=True) + "\n").encode() if keys else None
+            data = (json.dumps(document, sort_keys=True, separators=(",", ":")) + "\n").encode() if keys else None
         store.save_stat_keys(data)
     except (OSError, UnsafePath):
         pass
