@@ -856,7 +856,6 @@ def recorded_document(site: Site, recorded: Recorded, target_args: str = "", ser
     ``served``: their fingerprint (patch_dsv4.fastpath.serving.of_recorded), when the caller has it already.
     """
     from patch_dsv4.fastpath.serving import of_recorded
-    from patch_dsv4.output.errors import EXIT_NEEDS_ACTION
     from patch_dsv4.output.render import (
         NEEDS_ACTION,
         edit_document,
@@ -892,7 +891,7 @@ def recorded_document(site: Site, recorded: Recorded, target_args: str = "", ser
     bad = [p["verdict"] for p in patches if p["verdict"] in NEEDS_ACTION]
     return report_document(
         command="verify",
-        exit_code=EXIT_NEEDS_ACTION if bad else 0,
+        exit_code=_needs_action_exit() if bad else 0,
         target=site.site_packages,
         vllm_version=site.vllm_version,
         flashinfer_version=site.flashinfer_version,
@@ -905,6 +904,12 @@ def recorded_document(site: Site, recorded: Recorded, target_args: str = "", ser
         next_step=next_command(target_args, bad),
         fingerprint=(served or of_recorded(site, recorded)).text,
     )
+
+
+def _needs_action_exit() -> int:
+    from patch_dsv4.output.errors import EXIT_NEEDS_ACTION  # imported where a patch needs action, only
+
+    return EXIT_NEEDS_ACTION
 
 
 def recorded_report(site: Site, recorded: Recorded, target_args: str = ""):
