@@ -13,6 +13,13 @@ as RECORD gives them), for this vLLM and FlashInfer, from
 files that all hash as they did, on a build that is a release recorded in
 anchors/ and whose needed edits (per that record) are exactly the files the
 state says we wrote.
+
+A file is read and hashed only where the state's stat keys do not vouch for it
+(:data:`STAT_KEYS`): apply records, beside the sha256 it read, each file's
+device, inode, size, mtime and ctime, once the file system's clock has moved
+on from the file's last change; the same key found again means the file was
+not written since. A copied or reinstalled tree, a state without keys, or any
+file changed in any way is read and hashed as before.
 """
 
 import os
