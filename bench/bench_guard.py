@@ -30,7 +30,9 @@ and CPU, with PATCH_DSV4_GUARD=strict (any problem would stop the run): without 
 tree's own fingerprint: the guard computes and compares it), in a bare interpreter (every module the guard needs
 counted) and after the standard library modules a vLLM process has imported before it calls its plugins (logging,
 json, hashlib, re, fcntl). ``--against CHECKOUT`` measures another checkout (e.g. a worktree of main) the same way,
-interleaved with this one run by run, so that the machine's load falls on both alike.
+interleaved with this one run by run, so that the machine's load falls on both alike. The tree is measured where
+apply left it (the stat keys apply recorded hold: the guard reads no file); the trimmed trees of ``--keep`` are
+copies, on which the guard reads and hashes every file.
 
     python bench/bench_guard.py --tree [--version 0.30.0] [--repeat 30] [--against /tmp/guard-base]
 """
@@ -109,15 +111,22 @@ VLLM_PRELOADED = ("logging", "json", "hashlib", "re", "fcntl")
 
 
 def _install(checkout: Path, into: Path) -> Path:
-    """``checkout`` built and installed as a wheel into ``into`` (as in an image: the package's RECORD beside it)."""
+    """``checkout`` built and installed as a wheel into ``into`` (as in an image: the package's RECORD beside it),
+    from a clean copy of its files (a stale build/ in the checkout would add modules no longer there)."""
     import subprocess
 
-    subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--target", str(into), "."],
-        cwd=checkout,
-        check=True,
-        env={**os.environ, "PIP_NO_INPUT": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1"},
-    )
+    sys.path.insert(0, str(ROOT / "bench"))
+    from bench_verify import _source_copy
+
+    with tempfile.TemporaryDirectory(prefix="bench-guard-source-") as tmp:
+        source = _source_copy(checkout, Path(tmp) / "source")
+        subprocess.run(
+            [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--target", str(into)]
+            + ["."],
+            cwd=source,
+            check=True,
+            env={**os.environ, "PIP_NO_INPUT": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1"},
+        )
     return into
 
 

@@ -7,13 +7,12 @@ everything else goes to the Typer app (:mod:`patch_dsv4.app`). Expected errors a
 command, each on its own line on a terminal, one line otherwise.
 """
 
-from __future__ import annotations
-
 import os
 import sys
 
 from patch_dsv4 import __version__
-from patch_dsv4.output.errors import EXIT_ENVIRONMENT, PatcherError
+
+EXIT_ENVIRONMENT = 2  # patch_dsv4.output.errors.EXIT_ENVIRONMENT: imported where an error is caught, not before
 
 COMMANDS = ("list", "status", "apply", "takeover", "verify", "revert", "drift", "anchors", "doctor")
 
@@ -173,8 +172,6 @@ def main(argv: list[str] | None = None) -> int:
             from patch_dsv4.app import run
 
             code = run(args)
-    except PatcherError as exc:
-        code = _fail(command, exc.what, exc.why, exc.next_step, exc.exit_code, as_json, getattr(exc, "report", None))
     except KeyboardInterrupt:
         code = _fail(command, "interrupted", "", "", 130, as_json)
     except BrokenPipeError:  # `patch-dsv4 status | head`: the reader left; say nothing more
@@ -184,23 +181,37 @@ def main(argv: list[str] | None = None) -> int:
             pass
         code = 0
     except Exception as exc:
-        import typer
+        from patch_dsv4.output.errors import PatcherError
 
-        if isinstance(exc, typer.Abort):
-            code = _fail(command, "aborted", "", "", EXIT_ENVIRONMENT, as_json)
-        elif isinstance(exc, typer.TyperException) and hasattr(exc, "format_message"):  # usage errors
-            ctx = getattr(exc, "ctx", None)
-            name = "" if ctx is None or ctx.info_name == "patch-dsv4" else f" {ctx.info_name}"
-            code = _fail(command, exc.format_message(), "", f"patch-dsv4{name} --help", EXIT_ENVIRONMENT, as_json)
-        else:  # a bug of ours: say so, briefly, and never as exit 1 ("needs action")
-            code = _fail(
-                command,
-                f"internal error: {type(exc).__name__}: {exc}",
-                f"this is a bug in patch-dsv4 {__version__}",
-                "report it with the command you ran",
-                EXIT_ENVIRONMENT,
-                as_json,
-            )
+        if isinstance(exc, PatcherError):
+            report = getattr(exc, "report", None)
+            code = _fail(command, exc.what, exc.why, exc.next_step, exc.exit_code, as_json, report)
+        else:
+            code = _unexpected(command, exc, as_json)
+    return _exit(code, argv)
+
+
+def _unexpected(command: str | None, exc: Exception, as_json: bool) -> int:
+    """Typer's aborts and usage errors, said as ours are; anything else is a bug of ours."""
+    import typer
+
+    if isinstance(exc, typer.Abort):
+        return _fail(command, "aborted", "", "", EXIT_ENVIRONMENT, as_json)
+    if isinstance(exc, typer.TyperException) and hasattr(exc, "format_message"):  # usage errors
+        ctx = getattr(exc, "ctx", None)
+        name = "" if ctx is None or ctx.info_name == "patch-dsv4" else f" {ctx.info_name}"
+        return _fail(command, exc.format_message(), "", f"patch-dsv4{name} --help", EXIT_ENVIRONMENT, as_json)
+    return _fail(  # a bug of ours: say so, briefly, and never as exit 1 ("needs action")
+        command,
+        f"internal error: {type(exc).__name__}: {exc}",
+        f"this is a bug in patch-dsv4 {__version__}",
+        "report it with the command you ran",
+        EXIT_ENVIRONMENT,
+        as_json,
+    )
+
+
+def _exit(code: int, argv: list[str] | None) -> int:
     if argv is None:
         sys.exit(code)
     return code

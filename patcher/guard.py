@@ -18,10 +18,11 @@ vLLM serves with it (:mod:`patch_dsv4.fastpath.serving`): a difference is report
 same way, naming what differs, so that no rank of a cluster serves other code
 than the others. The fingerprint is logged at DEBUG in every process.
 
-It is cheap (a few ms on an applied tree: it hashes the files the state names,
-or, with no state on a known build, the files anchors/ recorded; its first call
-in a cold interpreter, imports included, within 10 ms: bench/bench_guard.py
---tree) and imports nothing heavy at module level, because an import error in a plugin is only
+It is cheap (a few ms on an applied tree: it checks the files the state names
+by the stat keys apply recorded, and reads and hashes only those whose key no
+longer holds, or, with no state on a known build, the files anchors/ recorded;
+its first call in a cold interpreter, imports included, within 5 ms:
+bench/bench_guard.py --tree) and imports nothing heavy at module level, because an import error in a plugin is only
 logged by vLLM and would make the guard vanish. Only an unknown build pays a
 full judgement. A bug in the guard never stops vLLM in ``warn`` mode.
 """

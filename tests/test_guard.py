@@ -102,6 +102,30 @@ def test_a_hand_edited_patched_file_is_named(make_tree, cli, running, monkeypatc
         guard.check()
 
 
+def test_a_patched_file_rewritten_in_place_at_once_after_apply_is_named(make_tree, cli, running, monkeypatch):
+    """One byte changed in the file itself (same inode, same size), its mtime set back, right after apply: the stat
+    key apply recorded no longer holds (ctime moved), so the guard reads the file and names the patch."""
+    import os
+
+    tree = make_tree("0.30.0")
+    assert cli("apply", "--site-packages", tree).code == 0
+    path = tree / VL_MODEL
+    data, st = path.read_bytes(), os.stat(path)
+    at = data.index(b"# ") + 2
+    with open(path, "r+b") as fh:
+        fh.write(data[:at] + (b"X" if data[at : at + 1] != b"X" else b"Y") + data[at + 1 :])
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert (os.stat(path).st_ino, os.stat(path).st_size, os.stat(path).st_mtime_ns) == (
+        st.st_ino,
+        st.st_size,
+        st.st_mtime_ns,
+    )
+    running(tree)
+    monkeypatch.setenv(guard.ENV, "strict")
+    with pytest.raises(guard.PatchesNotInPlace, match="stream-load is modified"):
+        guard.check()
+
+
 def test_an_unknown_build_is_judged_in_full(make_tree, running, monkeypatch):
     tree = make_tree("0.30.0")
     metadata = next(tree.glob("vllm-*.dist-info")) / "METADATA"

@@ -13,15 +13,30 @@ as RECORD gives them), for this vLLM and FlashInfer, from
 files that all hash as they did, on a build that is a release recorded in
 anchors/ and whose needed edits (per that record) are exactly the files the
 state says we wrote.
+
+A file is read and hashed only where the state's stat keys do not vouch for it
+(:data:`STAT_KEYS`): apply records, beside the sha256 it read, each file's
+device, inode, size, mtime and ctime, once the file system's clock has moved
+on from the file's last change; the same key found again means the file was
+not written since. A copied or reinstalled tree, a state without keys, or any
+file changed in any way is read and hashed as before.
 """
 
 import os
 import posixpath
 import stat
+import sys
 
-try:  # hashlib.sha256 itself where OpenSSL has it, without hashlib's set-up of every other algorithm (0.7 ms)
-    from _hashlib import openssl_sha256 as sha256
-except ImportError:
+# The interpreter's own SHA-256 for the short texts hashed on every run (the patch digest): loading OpenSSL's library
+# (_hashlib) takes a cold interpreter about 3 ms, so it is loaded only where a file must be read (file_sha256).
+try:  # by name: a module looked for and not found costs a search of every sys.path entry
+    if "_hashlib" in sys.modules:  # OpenSSL's, loaded already (vLLM has, before it calls its plugins)
+        from _hashlib import openssl_sha256 as sha256
+    elif sys.version_info >= (3, 12):
+        from _sha2 import sha256
+    else:
+        from _sha256 import sha256
+except ImportError:  # an interpreter built without its own hashes
     from hashlib import sha256
 
 from patch_dsv4.tree.manifest_rules import READABLE_SCHEMAS, InvalidManifest, check_manifest
@@ -94,14 +109,18 @@ class DistInfo:
         self.path = path  # the dist-info directory
 
 
-def _metadata_headers(text: str) -> dict[str, list[str]]:
+def _metadata_headers(text: str, first: tuple[str, ...] = ()) -> dict[str, list[str]]:
+    """The headers of a METADATA text (lower-case name -> values); with ``first``, read only until each of those
+    names has a value (Name and Version lead every METADATA: its hundred Requires-Dist lines are not read)."""
     headers: dict[str, list[str]] = {}
-    for line in text.splitlines():
+    for line in text.partition("\n\n")[0].splitlines():  # the description after the headers: not split
         if not line.strip():
             break
         key, sep, value = line.partition(":")
         if sep and not line[0].isspace():
             headers.setdefault(key.strip().lower(), []).append(value.strip())
+            if first and all(name in headers for name in first):
+                break
     return headers
 
 
@@ -121,14 +140,26 @@ def read_regular(path: str, limit: int) -> bytes:
         os.close(fd)
 
 
-def find_dist(name: str, search_path: list[str]) -> DistInfo | None | bool:
-    """The first dist-info of ``name`` on ``search_path``; False when a directory holds several (ambiguous)."""
+def find_dist(name: str, search_path: list[str], listed: dict | None = None) -> DistInfo | None | bool:
+    """The first dist-info of ``name`` on ``search_path``; False when a directory holds several (ambiguous).
+
+    ``listed``: the names of directories listed already (directory -> names), kept for the next search; a
+    directory that comes again in ``search_path`` is not looked at again (it held no ``name``).
+    """
     wanted = canonical(name)
+    listed = {} if listed is None else listed
+    seen = set()
     for entry in search_path:
-        try:
-            names = os.listdir(entry)
-        except OSError:
+        if entry in seen:
             continue
+        seen.add(entry)
+        names = listed.get(entry)
+        if names is None:
+            try:
+                names = listed[entry] = os.listdir(entry)
+            except OSError:
+                listed[entry] = []
+                continue
         found = []
         for dist_info in names:
             if dist_info[:1].lower() != wanted[0] or not dist_info.endswith(".dist-info"):
@@ -138,7 +169,7 @@ def find_dist(name: str, search_path: list[str]) -> DistInfo | None | bool:
                     text = read_regular(os.path.join(entry, dist_info, "METADATA"), 1 << 20).decode("utf-8")
                 except (OSError, UnicodeDecodeError):
                     return False
-                headers = _metadata_headers(text)
+                headers = _metadata_headers(text, ("name", "version"))
                 if canonical((headers.get("name") or [""])[0]) == wanted and headers.get("version"):
                     path = os.path.join(entry, dist_info)
                     found.append(DistInfo(wanted, headers["version"][0], entry, text, path))
@@ -214,10 +245,11 @@ def site_of(env) -> Site:
 
 def locate(search_path: list[str]) -> Site | None:
     """vLLM and FlashInfer on ``search_path``, read from dist-info files; None when anything is unusual."""
-    vllm = find_dist("vllm", search_path)
+    listed: dict[str, list[str]] = {}
+    vllm = find_dist("vllm", search_path, listed)
     if not vllm or not os.path.isdir(os.path.join(vllm.root, "vllm")):
         return None
-    flashinfer = find_dist("flashinfer-python", [vllm.root, *search_path])
+    flashinfer = find_dist("flashinfer-python", [vllm.root, *search_path], listed)
     if flashinfer is False:
         return None
     if flashinfer is not None:
@@ -243,22 +275,32 @@ def _is_source_relpath(rel: object) -> bool:
 
 def read_manifest(site_packages: str) -> dict | None:
     """The manifest as JSON, read without following a symlinked state directory or file; None otherwise."""
+    return _read_state_json(site_packages, MANIFEST)
+
+
+def _read_state_json(site_packages: str, name: str) -> dict | None:
+    """A JSON object of the state directory, read without following a symlinked state directory or file; None
+    where there is none, or it is not a regular file holding one JSON object."""
     flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW
     try:
         state = os.open(os.path.join(site_packages, STATE_DIR), flags | os.O_DIRECTORY)
     except OSError:
         return None
     try:
-        fd = os.open(MANIFEST, flags | os.O_NONBLOCK, dir_fd=state)
+        fd = os.open(name, flags | os.O_NONBLOCK, dir_fd=state)
     except OSError:
         return None
     finally:
         os.close(state)
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
             return None
-        with os.fdopen(fd, "rb", closefd=False) as fh:
-            data = loads(fh.read(64 << 20))
+        chunks, left = [], 64 << 20
+        while left > 0 and (chunk := os.read(fd, min(left, max(st.st_size + 1, 1 << 16)))):
+            chunks.append(chunk)
+            left -= len(chunk)
+        data = loads(b"".join(chunks))
     except (OSError, ValueError, RecursionError):
         return None
     finally:
@@ -287,14 +329,30 @@ def package_files(names) -> list[str]:
 
 def listed_package_files(site) -> list[str]:
     """The Python files of the DeepSeek-V4 and V4.1 packages under ``site`` as they are on disk (links not followed)."""
-    found = []
+    found: list[str] = []
     for package in PACKAGE_DIRS:
-        top = os.path.join(str(site), package)
-        for current, dirs, files in os.walk(top):
-            dirs[:] = sorted(d for d in dirs if d != "__pycache__")
-            rel = (package + current[len(top) :]).replace(os.sep, "/")  # os.path.relpath(current, site), lexically
-            found.extend(f"{rel}/{name}" for name in files if name.endswith(".py"))
+        _python_files(os.path.join(str(site), package), package, found)
     return package_files(found)
+
+
+def _python_files(directory: str, rel: str, found: list[str]) -> None:
+    """The ``.py`` names under ``directory`` (``rel`` relative to the site) into ``found``: what os.walk lists,
+    __pycache__ and directory links not entered, in a third of its time (one scandir per directory)."""
+    try:
+        with os.scandir(directory) as entries:
+            listed = list(entries)
+    except OSError:
+        return
+    for entry in listed:
+        try:
+            is_dir = entry.is_dir()  # a link to a directory counts as one, as os.walk counts it
+        except OSError:
+            is_dir = False
+        if not is_dir:
+            if entry.name.endswith(".py"):
+                found.append(f"{rel}/{entry.name}")
+        elif entry.name != "__pycache__" and not entry.is_symlink():
+            _python_files(entry.path, f"{rel}/{entry.name}", found)
 
 
 def file_set_change(record: dict, files) -> str | None:
@@ -317,13 +375,13 @@ def write_in_progress(site_packages: str) -> str | None:
 
     The lock file is opened only if it exists, read-only, without following a link; a FIFO never blocks.
     """
-    import fcntl
-
     try:
         fd = os.open(os.path.join(site_packages, LOCK_FILE), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
-        return None
+        return None  # no lock file: every command removes it when it ends
     try:
+        import fcntl
+
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             return None
         try:
@@ -336,35 +394,189 @@ def write_in_progress(site_packages: str) -> str | None:
         os.close(fd)
 
 
+# -- the files' sha256, vouched for by their stat keys where apply recorded them -------------
+#: In the state directory beside the manifest: what apply found each file it judged from to be, as a stat key and
+#: the sha256 read with it. Made by :func:`stat_keys`; a state without one (before 2026-12) has every file hashed.
+STAT_KEYS = "stat-keys.json"
+STAT_KEYS_FORMAT = 1
+#: A key is recorded only if the file's last change (ctime) lies at least this long before a time stamp the same
+#: file system gave a file of the state before the file was read (:func:`stat_keys`).
+SETTLED_NS = 20_000_000
+
+
+def file_sha256():
+    """The sha256 constructor to hash files with: OpenSSL's (about 4 times as fast as the interpreter's, but 3 ms to
+    load), loaded on the first file this run must read."""
+    try:
+        from _hashlib import openssl_sha256
+
+        return openssl_sha256
+    except ImportError:
+        from hashlib import sha256 as hashlib_sha256
+
+        return hashlib_sha256
+
+
+def stat_key(st) -> tuple[int, int, int, int, int]:
+    """What a file's status says of its content: the same file (device, inode), its size, when its data was last
+    written (mtime, which anyone may set back) and when the file last changed (ctime, which no one can set: any
+    write, rename, chmod or utime moves it to the file system's clock at that moment)."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _is_int(value) -> bool:
+    return type(value) is int
+
+
+def read_stat_keys(site_packages: str) -> dict[str, tuple[tuple, str]]:
+    """The state's stat keys, path -> (stat key, sha256); {} where there are none, and without any entry that is
+    not exactly what :func:`stat_keys` writes (any doubt: the file is read and hashed)."""
+    data = _read_state_json(site_packages, STAT_KEYS)
+    files = data.get("files") if data is not None and data.get("format") == STAT_KEYS_FORMAT else None
+    if not isinstance(files, dict):
+        return {}
+    keys = {}
+    for rel, entry in files.items():
+        if (
+            isinstance(entry, list)
+            and len(entry) == 6
+            and all(map(_is_int, entry[:5]))
+            and isinstance(entry[5], str)
+            and len(entry[5]) == 64
+            and not entry[5].strip("0123456789abcdef")
+        ):
+            keys[rel] = (tuple(entry[:5]), entry[5])
+    return keys
+
+
 class Hasher:
-    """sha256 of the package's files, each read once per run (regular files only, links followed)."""
+    """sha256 of the package's files, each read once per run (regular files only, links followed).
+
+    A file whose stat key is the one the state recorded (:data:`STAT_KEYS`) has the sha256 recorded with it, and is
+    not read: its ctime is that of when apply read it, and nothing can have written it since without moving it.
+    """
 
     def __init__(self, site_packages: str) -> None:
         self.site = site_packages
+        self._prefix = os.path.join(site_packages, "")  # + a relative path: os.path.join's, a tenth of its time
         self._cache: dict[str, str | None] = {}
+        self._keys: dict[str, tuple[tuple, str]] | None = None  # read on the first file asked for
 
     def __call__(self, relpath: str) -> str | None:
         if relpath not in self._cache:
-            self._cache[relpath] = self._hash(relpath)
+            self._cache[relpath] = self._vouched(relpath) or self._hash(relpath)
         return self._cache[relpath]
 
+    def _vouched(self, relpath: str) -> str | None:
+        """The recorded sha256 of ``relpath`` if the file's stat key is the recorded one; None otherwise."""
+        if self._keys is None:
+            self._keys = read_stat_keys(self.site)
+        recorded = self._keys.get(relpath)
+        if recorded is None:
+            return None
+        try:
+            st = os.stat(self._prefix + relpath)
+        except OSError:
+            return None
+        return recorded[1] if stat.S_ISREG(st.st_mode) and stat_key(st) == recorded[0] else None
+
     def _hash(self, relpath: str) -> str | None:
+        return _hash_file(self._prefix + relpath)[0]
+
+
+def _hash_file(path: str) -> tuple[str | None, object]:
+    """The sha256 of a regular file at ``path`` (links followed) and its status as read; (None, None) when it is
+    absent, not a regular file, too big, or cannot be read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None, None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > _SOURCE_LIMIT:
+            return None, None
+        digest = file_sha256()()
+        while chunk := os.read(fd, 1 << 20):
+            digest.update(chunk)
+        return digest.hexdigest(), st
+    except OSError:
+        return None, None
+    finally:
+        os.close(fd)
+
+
+def keyed_files(manifest: dict, record: dict | None) -> list[str]:
+    """The files the fast path hashes on a state: those the manifest says apply wrote and judged from, and those
+    the release's record lists (:func:`recorded_verdicts`)."""
+    found = set(manifest.get("files") or ()) | set(manifest.get("inputs") or ())
+    if record is not None:
+        found |= set(record.get("files") or ())
+    return sorted(rel for rel in found if _is_source_relpath(rel))
+
+
+#: File systems whose ctime the kernel serving this process keeps itself, so that no write passes unseen: not a
+#: network file system (a client caches another's attributes), nor FUSE (its ctime is whatever a process says).
+KEYED_FILE_SYSTEMS = frozenset(("ext2", "ext3", "ext4", "xfs", "btrfs", "tmpfs", "overlay", "zfs", "f2fs", "bcachefs"))
+
+
+def keyable(path: str) -> bool:
+    """Whether ``path`` lies on a file system of :data:`KEYED_FILE_SYSTEMS` (the mount table's last, deepest mount
+    holding it); False where the table cannot say."""
+    from patch_dsv4.tree import mounts
+
+    real = os.path.realpath(path)
+    found = None
+    for mount in mounts.read_mounts():
+        point = mount.mount_point
+        if (real == point or real.startswith(point.rstrip("/") + "/")) and (
+            found is None or len(point) >= len(found.mount_point)
+        ):
+            found = mount
+    return found is not None and found.fstype in KEYED_FILE_SYSTEMS
+
+
+def changed_ns(site_packages: str, relpath: str) -> int:
+    """When the file ``relpath`` last changed (its ctime, links followed); 0 where it is absent."""
+    try:
+        return os.stat(os.path.join(site_packages, relpath)).st_ctime_ns
+    except OSError:
+        return 0
+
+
+def stat_keys(site_packages: str, relpaths, reference) -> dict[str, list]:
+    """The stat keys to record, with the sha256 read, of the files ``relpaths`` (of ``site_packages``).
+
+    ``reference`` is the status of a file the state directory holds, written (and its status taken) before any of
+    these files is read: its ctime is the file system's clock then. A file is keyed only where
+
+    - it is a regular file on the reference's file system (one clock),
+    - its ctime lies :data:`SETTLED_NS` or more before the reference's: any write from then on, however soon, sets
+      a later ctime, so a file whose key is found again later was not written after this read,
+    - its status is the same before it is opened, as read, and after (the path still names the file read).
+
+    Any other file is left out: the fast path reads and hashes it.
+    """
+    keys = {}
+    for rel in relpaths:
+        path = os.path.join(site_packages, rel)
         try:
-            fd = os.open(os.path.join(self.site, relpath), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            before = os.stat(path)
         except OSError:
-            return None
+            continue
+        if (
+            not stat.S_ISREG(before.st_mode)
+            or before.st_dev != reference.st_dev
+            or before.st_ctime_ns + SETTLED_NS > reference.st_ctime_ns
+        ):
+            continue
+        sha, read = _hash_file(path)
         try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode) or st.st_size > _SOURCE_LIMIT:
-                return None
-            digest = sha256()
-            while chunk := os.read(fd, 1 << 20):
-                digest.update(chunk)
-            return digest.hexdigest()
+            after = os.stat(path)
         except OSError:
-            return None
-        finally:
-            os.close(fd)
+            continue
+        if sha is not None and stat_key(before) == stat_key(read) == stat_key(after):
+            keys[rel] = [*stat_key(before), sha]
+    return keys
 
 
 def patch_digest() -> str:
@@ -378,23 +590,41 @@ def patch_digest() -> str:
     written (else the file is read and hashed): the guard does not read its
     own sources in every vLLM process.
     """
-    import patch_dsv4
-    import patch_dsv4.patches as patches
     from patch_dsv4 import __version__
 
-    root = os.path.dirname(os.path.abspath(patch_dsv4.__file__))
+    root = _subpackage_dir("")
     site = os.path.dirname(root) + os.sep
     installed = _installed_hashes(os.path.join(site, f"{os.path.basename(root)}-{__version__}.dist-info", "RECORD"))
     digest = sha256(__version__.encode())
-    for directory in (root, os.path.dirname(os.path.abspath(patches.__file__))):
+    for directory in (root, _subpackage_dir("patches")):
+        prefix = os.path.join(directory, "")
         for name in _sources(directory):
-            path = os.path.join(directory, *name.split("/"))
+            path = prefix + name  # POSIX: name's "/" is the separator
             sha = _recorded_sha(installed, path[len(site) :].replace(os.sep, "/"), path) if installed else None
             if sha is None:
                 with open(path, "rb") as fh:
-                    sha = _record_form(sha256(fh.read()).digest())
+                    sha = _record_form(file_sha256()(fh.read()).digest())
             digest.update(f"{name}\0{sha}\0".encode())
     return digest.hexdigest()
+
+
+def _subpackage_dir(name: str) -> str:
+    """The folder of ``patch_dsv4.<name>`` (``""``: of patch_dsv4). patches/ and anchors/ lie inside the package
+    where a wheel installs them, found there without importing them (a module costs a cold interpreter 0.15 ms);
+    elsewhere (an editable install maps them to the checkout's folders) where the import system finds them."""
+    import patch_dsv4
+
+    root = os.path.dirname(os.path.abspath(patch_dsv4.__file__))
+    if not name:
+        return root
+    module = sys.modules.get(f"patch_dsv4.{name}")
+    if module is None:
+        folder = os.path.join(root, name)
+        if os.path.isfile(os.path.join(folder, "__init__.py")):
+            return folder  # where the import system would find it first: the package's own folder
+        __import__(f"patch_dsv4.{name}")
+        module = sys.modules[f"patch_dsv4.{name}"]
+    return os.path.dirname(os.path.abspath(module.__file__))
 
 
 #: Subpackages whose modules judge nothing: doctor/ (it reads a pack and a serving environment), and where a wheel
@@ -451,9 +681,7 @@ def _recorded_sha(installed: tuple[dict, int], rel: str, path: str) -> str | Non
 
 def anchors_record(vllm_version: str) -> dict | None:
     """anchors/vllm-<version>.json, None when this release is not recorded (or the record is unreadable)."""
-    import patch_dsv4.anchors as anchors_package
-
-    path = os.path.join(os.path.dirname(os.path.abspath(anchors_package.__file__)), f"vllm-{vllm_version}.json")
+    path = os.path.join(_subpackage_dir("anchors"), f"vllm-{vllm_version}.json")
     try:
         with open(path, "rb") as fh:
             record = loads(fh.read())
@@ -557,12 +785,27 @@ def vouched(site: Site, asked) -> Recorded | None:
     recorded = recorded_verdicts(site)
     if recorded is None or not set(asked) <= set(recorded.opt_in):
         return None
-    from patch_dsv4.tree import mounts
-
     ours = {f for v in recorded.verdicts.values() if v["verdict"] == "applied" for f in v["files"]}
-    if mounts.mounted(site.site_packages, sorted(ours)):
+    if _mounted(site.site_packages, sorted(ours)):
         return None  # another tool's mount over a file we wrote: verify in full says so (a note), revert refuses it
     return recorded
+
+
+def _mounted(site_packages: str, relpaths: list[str]) -> bool:
+    """Whether a file of ``relpaths`` is mounted over (patch_dsv4.tree.mounts.mounted), the table parsed only where
+    it names one of their real paths: a path without a blank or a backslash stands in it as it is."""
+    from patch_dsv4.tree import mounts
+
+    try:
+        with open(mounts.MOUNTINFO, "rb") as fh:
+            data = fh.read(mounts._LIMIT)
+    except OSError:
+        return False  # no table: nothing is mounted (mounts.read_mounts)
+    for rel in relpaths:
+        real = os.path.realpath(os.path.join(site_packages, rel))
+        if any(c in real for c in " \t\n\\") or os.fsencode(real) in data:
+            return bool(mounts.mounted(site_packages, relpaths, mounts.parse(data)))
+    return False
 
 
 def _file_set_changed(site: Site, record: dict) -> bool:
@@ -620,7 +863,6 @@ def recorded_document(site: Site, recorded: Recorded, target_args: str = "", ser
     ``served``: their fingerprint (patch_dsv4.fastpath.serving.of_recorded), when the caller has it already.
     """
     from patch_dsv4.fastpath.serving import of_recorded
-    from patch_dsv4.output.errors import EXIT_NEEDS_ACTION
     from patch_dsv4.output.render import (
         NEEDS_ACTION,
         edit_document,
@@ -656,7 +898,7 @@ def recorded_document(site: Site, recorded: Recorded, target_args: str = "", ser
     bad = [p["verdict"] for p in patches if p["verdict"] in NEEDS_ACTION]
     return report_document(
         command="verify",
-        exit_code=EXIT_NEEDS_ACTION if bad else 0,
+        exit_code=_needs_action_exit() if bad else 0,
         target=site.site_packages,
         vllm_version=site.vllm_version,
         flashinfer_version=site.flashinfer_version,
@@ -669,6 +911,12 @@ def recorded_document(site: Site, recorded: Recorded, target_args: str = "", ser
         next_step=next_command(target_args, bad),
         fingerprint=(served or of_recorded(site, recorded)).text,
     )
+
+
+def _needs_action_exit() -> int:
+    from patch_dsv4.output.errors import EXIT_NEEDS_ACTION  # imported where a patch needs action, only
+
+    return EXIT_NEEDS_ACTION
 
 
 def recorded_report(site: Site, recorded: Recorded, target_args: str = ""):

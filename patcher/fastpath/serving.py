@@ -29,12 +29,19 @@ text as json.dumps does), and nothing of verify's fast path (patch_dsv4.fastpath
 imports this module, when it has a fingerprint to make).
 """
 
-import itertools
 import os
+import sys
 
-try:  # hashlib.sha256 itself where OpenSSL has it, without hashlib's set-up of every other algorithm (0.7 ms)
-    from _hashlib import openssl_sha256 as sha256
-except ImportError:
+# The interpreter's own SHA-256: what is hashed here is short (texts, and vLLM's METADATA and WHEEL), and OpenSSL's
+# library (_hashlib) takes a cold interpreter about 3 ms to load (patch_dsv4.fastpath.quick loads it to read files).
+try:  # by name: a module looked for and not found costs a search of every sys.path entry
+    if "_hashlib" in sys.modules:  # OpenSSL's, loaded already (vLLM has, before it calls its plugins)
+        from _hashlib import openssl_sha256 as sha256
+    elif sys.version_info >= (3, 12):
+        from _sha2 import sha256
+    else:
+        from _sha256 import sha256
+except ImportError:  # an interpreter built without its own hashes
     from hashlib import sha256
 
 FORMAT = 1
@@ -161,13 +168,17 @@ class Fingerprint:
         return _token("build", self.vllm_version, self.build or "")
 
     @property
+    def head(self) -> str:
+        """HEAD: the hash of every part (equal heads, equal trees)."""
+        return _b32(sha256(self.canonical().encode()).digest(), _HEAD)
+
+    @property
     def text(self) -> str:
-        head = _b32(sha256(self.canonical().encode()).digest(), _HEAD)
         return ":".join(
             (
                 PREFIX,
                 str(FORMAT),
-                head,
+                self.head,
                 f"vllm-{_shown_version(self.vllm_version)}",
                 self._flashinfer_text(),
                 self._build_token() + _opt_in_token(self.opt_in),
@@ -185,9 +196,9 @@ class Fingerprint:
         BadFingerprint when ``expected`` is not a fingerprint (or one of another format).
         """
         there = Parsed(expected)
+        if there.head == self.head:
+            return []  # the tokens, one hash each, only where there is something to name
         here = Parsed(self.text)
-        if there.head == here.head:
-            return []
         found = []
         if there.vllm != here.vllm:
             found.append(f"vLLM {there.vllm} there, {here.vllm} here")
@@ -231,6 +242,8 @@ def _opt_in_token(opt_in) -> str:
 
 def _opt_ins_of(token: str, patch_ids) -> tuple[str, ...] | None:
     """The opt-ins behind ``token``, tried among the subsets of ``patch_ids``; None when none gives it."""
+    import itertools
+
     ids = sorted(patch_ids)
     for size in range(len(ids) + 1):
         for subset in itertools.combinations(ids, size):
@@ -357,8 +370,6 @@ def expect(document: dict, served, expected: str) -> list[str]:
 
 
 def write_differences(found: list[str], stream=None) -> None:
-    import sys
-
     stream = stream or sys.stderr
     for line in found:
         stream.write(f"patch-dsv4: fingerprint differs from the expected one: {line}\n")

@@ -4,6 +4,8 @@ Layout, inside the site-packages directory that holds vllm/:
 
     .patch-dsv4.lock              one lock per environment (removed by every command)
     .patch-dsv4/manifest.json     the Manifest (schema-versioned JSON)
+    .patch-dsv4/stat-keys.json    the stat key and sha256 of each file the fast paths hash, as apply found them
+                                  (patch_dsv4.fastpath.quick.stat_keys; optional: without it they read each file)
     .patch-dsv4/backups/<path>    each patched file as it was before we wrote it
     .patch-dsv4/staged/<path>     new contents, only while an apply is in flight
 
@@ -36,6 +38,7 @@ SCHEMA_VERSION = 2
 STATE_DIR = ".patch-dsv4"
 LOCK_FILE = ".patch-dsv4.lock"
 MANIFEST = "manifest.json"
+STAT_KEYS = "stat-keys.json"  # patch_dsv4.fastpath.quick.STAT_KEYS: written and read there, only kept here
 SAVED_EDITS = "saved-edits"  # hand edits kept by revert --discard-local-edits: never removed by us
 FILE_MODE, DIR_MODE = 0o644, 0o755
 
@@ -204,6 +207,38 @@ class StateStore:
             return parse_manifest(data.decode("utf-8"), self.declared, self.patch_ids)
         except (ValueError, RecursionError) as exc:  # JSON, UTF-8 and field errors are all ValueErrors
             raise self.unreadable(f"{MANIFEST}: {_short(exc)}") from None
+
+    def stamp(self, after_ns: int, timeout: float) -> os.stat_result:
+        """The status of a file written in the state directory now: its ctime is the file system's clock. Written
+        again (waiting up to ``timeout`` seconds, a few ms at a time) until that clock has passed ``after_ns``;
+        then removed (a temp file's name: a killed run's is removed by the next)."""
+        state = self.state_dir(create=True)
+        with state:
+            name = f".stamp.patch-dsv4-{os.urandom(16).hex()}.tmp"
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            fd = os.open(name, flags, 0o600, dir_fd=state.fd)
+            try:
+                deadline = time.monotonic() + timeout
+                while True:
+                    os.write(fd, b"\0")
+                    st = os.fstat(fd)
+                    if st.st_ctime_ns > after_ns or time.monotonic() >= deadline:
+                        return st
+                    time.sleep(0.002)
+            finally:
+                os.close(fd)
+                os.unlink(name, dir_fd=state.fd)
+
+    def save_stat_keys(self, data: bytes | None) -> None:
+        """Write the stat keys (``data``: their JSON), or remove them (None)."""
+        state = self.state_dir(create=data is not None)
+        if state is None:
+            return
+        with state:
+            if data is None:
+                state.unlink(STAT_KEYS)
+            else:
+                state.write_atomic(STAT_KEYS, data, self.owner)
 
     def manifest_exists(self) -> bool:
         state = self.state_dir()
