@@ -26,7 +26,7 @@ from patch_dsv4.doctor.readers.base import (
     DoctorContext,
     Row,
     clip,
-    json_cost,
+    json_cost_over,
 )
 from patch_dsv4.doctor.readers.safetensors import Budget, Shard, ShardError
 from patch_dsv4.doctor.readers.v41_scan import V41Summary
@@ -461,7 +461,7 @@ def pack_index(ctx: DoctorContext) -> PackIndex:
             return PackIndex(absent=True)
         except OSError as exc:
             return PackIndex(error=f"{INDEX_NAME} cannot be read ({exc.strerror or exc})")
-        if json_cost(raw) > INDEX_MEMORY:
+        if json_cost_over(raw, INDEX_MEMORY):
             return PackIndex(
                 error=f"{INDEX_NAME} holds more JSON values than doctor reads ({len(raw):,} bytes, mostly "
                 "separators and brackets)"
