@@ -14,9 +14,11 @@ tensors, real headers, sparse data) in a temporary directory, then, each run in 
    that cache is absent, ``--tree`` a scratch vLLM 0.34.0 site-packages, whose weight_utils.py this overwrites,
    and ``--overlay-file`` 0.30.0's weight_utils.py).
 
-Measured (2-core shared host, 5 runs, the package's .pyc present): on disk 1.06 s wall, 1.00 s CPU, 108 MB
-(before issue 32 item 5's work: 1.50 s, 1.45 s, 108 MB); where the project's modules have no .pyc
-(PYTHONDONTWRITEBYTECODE set, an editable install) compiling them adds ~0.25 s to each run.
+Measured (2-core shared host, busy with other work; 7 runs, the package's .pyc present): on disk 0.77-0.83 s
+wall, 0.72-0.79 s CPU, 105 MB (main before this round, same host and hour: 1.12 s, 1.07 s, 109 MB; before issue
+32 item 5's work: 1.50 s, 1.45 s, 108 MB); from the stand-in Hub 34,428,785 bytes read, 0.65 of the bound. Where
+the project's modules have no .pyc (PYTHONDONTWRITEBYTECODE set, an editable install) compiling them adds ~0.25 s
+to each run: ``python -m compileall patcher`` first.
 """
 
 from __future__ import annotations

@@ -351,6 +351,24 @@ def test_an_index_of_a_million_empty_lists_is_a_fail_row(lna):
     assert row.status == FAIL and "holds more JSON values than doctor reads" in row.detail
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_the_cheap_json_bound_answers_as_the_full_count(seed):
+    """json_cost_over spares four of json_cost's five counts where a count of '{' bounds the cost; its answer
+    is the full count's at every limit around the cost, on header-like text, lists of lists and non-ASCII."""
+    from patch_dsv4.doctor.readers.files import _count, json_cost, json_cost_over
+
+    rng = random.Random(seed)
+    header = json.dumps({f"t{i}": {"dtype": "I16", "shape": [1, 2], "data_offsets": [0, 4]} for i in range(50)})
+    texts = [header.encode(), b"", b"{}", filled(b"[", b"[],", b"]", 5000), "é,{".encode() * 300]
+    texts += [bytes(rng.choice(b'{[,:"a\xc3') for _ in range(rng.randrange(3000))) for _ in range(20)]
+    for raw in texts:
+        for byte in b'{[,:"':
+            assert _count(raw, bytes([byte])) == raw.count(bytes([byte]))
+        cost = json_cost(raw)
+        for limit in (0, cost // 2, cost - 1, cost, cost + 1, 120 * cost):
+            assert json_cost_over(raw, limit) == (cost > limit), (raw[:80], limit)
+
+
 def test_a_shard_of_more_entries_than_doctor_keeps_is_a_fail_row_naming_the_limit(mixedk, monkeypatch):
     from patch_dsv4.doctor.readers import safetensors as reader
 

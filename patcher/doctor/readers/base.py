@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from patch_dsv4.doctor.readers.files import clip, json_cost, json_depth_over
+from patch_dsv4.doctor.readers.files import clip, json_cost_over, json_depth_over
 
 PASS, WARN, FAIL, SKIP, INFO = "pass", "warn", "fail", "skip", "info"
 STATUSES = (PASS, WARN, FAIL, SKIP, INFO)
@@ -169,7 +169,7 @@ class DoctorContext:
                 if exc.errno == errno.EFBIG:
                     return PackUnreadable(f"{path} is {exc.strerror}: a model config is a few KB")
                 return PackUnreadable(f"{path} cannot be read ({exc.strerror or exc})")
-            if json_cost(raw) > CONFIG_MEMORY:
+            if json_cost_over(raw, CONFIG_MEMORY):
                 return PackUnreadable(
                     f"{path} holds more JSON values than doctor reads ({len(raw):,} bytes, mostly separators and "
                     "brackets): a model config is a few KB"

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import functools
 import gc
+import itertools
 import json
+import operator
 import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -24,7 +26,7 @@ from patch_dsv4.doctor.readers.base import (
     DoctorContext,
     Row,
     clip,
-    json_cost,
+    json_cost_over,
 )
 from patch_dsv4.doctor.readers.safetensors import Budget, Shard, ShardError
 from patch_dsv4.doctor.readers.v41_scan import V41Summary
@@ -56,8 +58,6 @@ LAYOUT_PART = {
     "weight": "weight",
     "scale": "scale",
 }
-# (projection, part) -> (its bit as a mask, its layout part, whether it is a marker): the scan's hot loop
-EXPERT_PART_INFO = {key: (1 << bit, LAYOUT_PART[key[1]], key[1] in MARKER_VALUES) for key, bit in EXPERT_BITS.items()}
 EXL3_COMPLETE = (1 << 12) - 1
 SOURCE_COMPLETE = ((1 << 6) - 1) << 12
 INDEX_NAME = "model.safetensors.index.json"
@@ -115,6 +115,15 @@ def _expert_owner(prefix: str) -> list | None:
     return [0, (parts[0], layer, expert), (parts[0], layer), parts[0]]
 
 
+_DTYPE, _SHAPE, _OFFSETS = map(operator.itemgetter, ("dtype", "shape", "data_offsets"))
+_FIRST, _SECOND = operator.itemgetter(0), operator.itemgetter(1)
+
+
+def _first_places(keys: list, places: list[int]) -> dict:
+    """Each distinct key -> the first of ``places`` (the same length, ascending) where it is."""
+    return dict(zip(reversed(keys), reversed(places), strict=True))
+
+
 @dataclass
 class PackScan:
     """What the headers hold, summarised in one pass over the shards."""
@@ -145,21 +154,24 @@ class PackScan:
     v41: V41Summary = field(default_factory=V41Summary)  # what the DeepSeek-V4.1 rows read
     _pending: list = field(default_factory=list, repr=False)  # markers of the shard being read, to check
 
-    def _marker(self, shard: Shard, name: str, entry: dict, suffix: str) -> None:
-        """Queue one marker of ``shard`` (read in one batch by ``_read_markers``, at the end of the shard)."""
+    def _marker(self, shard: Shard, place: int, name: str, entry: dict, suffix: str) -> None:
+        """Queue one marker of ``shard``, the tensor at ``place`` in its header (read in one batch by
+        ``_read_markers``, at the end of the shard)."""
         if not shard.reads_data:
             self.markers_unread += 1
             return
         self.markers_checked += 1
         start, end = entry["data_offsets"]
-        self._pending.append((name, start, suffix, None if end - start == 4 else end - start))
+        self._pending.append((place, name, start, suffix, None if end - start == 4 else end - start))
 
     def _read_markers(self, shard: Shard) -> None:
-        """Check the queued markers, their bytes read a window at a time (thousands per shard, packed together)."""
+        """Check the queued markers in header order, their bytes read a window at a time (thousands per shard,
+        packed together)."""
         pending, self._pending = self._pending, []
-        values = shard.read_i32s([start for _, start, _, size in pending if size is None])
+        pending.sort(key=_FIRST)  # the routed experts' and the others' (queued apart) in header order
+        values = shard.read_i32s([start for _, _, start, _, size in pending if size is None])
         found = iter(values)
-        for name, start, suffix, size in pending:
+        for _, name, start, suffix, size in pending:
             expected = MARKER_VALUES[suffix]
             if size is not None:
                 problem = f"{name} is {size} bytes, not one int32"
@@ -178,62 +190,118 @@ class PackScan:
                 self.first_bad_marker = problem
 
     def add_shard(self, shard: Shard) -> None:
-        # One loop over ~3,900 names per shard (188k in the pack): the routed-expert names, nearly all of them,
-        # take the first branch. A name is cut at its last two dots (``layers.L.ffn.experts.E`` . ``w1`` .
-        # ``trellis``); what the first piece says is worked out once per expert (``owners``), not per tensor,
-        # and its tensors' bits gather there, into ``experts`` at the end (in the order the experts came).
-        layouts, widths, part_info = self.expert_layouts, self.widths, EXPERT_PART_INFO
+        # One loop over ~3,900 names per shard (188k in the pack) does only what needs a name at a time. A
+        # routed expert's name, nearly all of them, is cut at its last two dots (``layers.L.ffn.experts.E`` .
+        # ``w1`` . ``trellis``); what the first piece says is worked out once per expert (``owners``), where its
+        # tensors' bits gather, and the name's place in the header goes into the bucket of its kind (block,
+        # layer, projection, part). The buckets are read after the loop (``_add_buckets``).
+        tensors = shard.tensors
+        self.v41.add_payload(shard)
         owners: dict[str, list | None] = {}  # this shard's "layers.L.ffn.experts.E" -> _expert_owner's answer
         found = []  # the owners with bits, in order
-        pending = self._pending if shard.reads_data else None
-        routed_markers = self.routed_marker_suffixes
-        self.v41.add_payload(shard)
-        for name, entry in shard.tensors.items():
+        kinds: dict[tuple[str, int], dict] = {}  # (block, layer) -> (projection, part) -> [bit mask, places]
+        for place, name in enumerate(tensors):
             pieces = name.rsplit(".", 2)
-            owner = owners.get(pieces[0], False) if len(pieces) == 3 else None
+            owner = owners.get(pieces[0], False)
             if owner is False:
-                owner = owners[pieces[0]] = _expert_owner(pieces[0])
+                owner = owners[pieces[0]] = self._owner(pieces[0], kinds)
             if owner is None:
-                self._add_other(shard, name, entry, name.split("."))
+                self._add_other(shard, place, name, tensors[name], name.split("."))
                 continue
-            head = owner[3]
-            if head == "mtp":
-                self.mtp_blocks.add(owner[2][1])
-                start, end = entry["data_offsets"]
-                self.v41.mtp_bytes += end - start
-            part = pieces[2]
-            info = part_info.get((pieces[1], part))
-            if info is None:
+            bucket = owner[4].get((pieces[1], pieces[2]))
+            if bucket is None:
+                if owner[3] == "mtp":
+                    start, end = tensors[name]["data_offsets"]
+                    self.v41.mtp_bytes += end - start
                 continue
-            mask, layout_part, is_marker = info
             if not owner[0]:
                 found.append(owner)
-            owner[0] |= mask
-            shape = entry["shape"]
-            layout = (head, pieces[1], layout_part, entry["dtype"], tuple(shape))
-            seen = layouts.get(layout)
-            if seen is None:
-                layouts[layout] = [1, name]
-            else:
-                seen[0] += 1
-            if is_marker:
-                if head == "layers":
-                    routed_markers[part] += 1
-                if pending is None:
-                    self.markers_unread += 1
-                else:
-                    self.markers_checked += 1
-                    start, end = entry["data_offsets"]
-                    pending.append((name, start, part, None if end - start == 4 else end - start))
-            elif part == "trellis" and shape:
-                widths[owner[2]].setdefault(shape[-1], name)
+            owner[0] |= bucket[0]
+            bucket[1].append(place)
         experts = self.experts
-        for mask, key, _, _ in found:
-            experts[key] = experts.get(key, 0) | mask
+        for owner in found:
+            experts[owner[1]] = experts.get(owner[1], 0) | owner[0]
+        if found:
+            self._add_buckets(shard, kinds)
         if self._pending:
             self._read_markers(shard)
 
-    def _add_other(self, shard: Shard, name: str, entry: dict, parts: list[str]) -> None:
+    def _owner(self, prefix: str, kinds: dict) -> list | None:
+        """_expert_owner's answer for ``prefix``, with the buckets of its layer (new ones for a new layer)."""
+        owner = _expert_owner(prefix)
+        if owner is not None:
+            buckets = kinds.get(owner[2])
+            if buckets is None:
+                buckets = kinds[owner[2]] = {key: [1 << bit, []] for key, bit in EXPERT_BITS.items()}
+            owner.append(buckets)
+            if owner[3] == "mtp":
+                self.mtp_blocks.add(owner[2][1])
+        return owner
+
+    def _add_buckets(self, shard: Shard, kinds: dict) -> None:
+        """The layouts, trellis widths and markers of a shard's routed-expert tensors, read a bucket at a time.
+
+        Each fact keeps the first name in the header that shows it, and facts are added in header order, as a
+        loop over the names would. A bucket's tensors nearly always share one layout, which two counts (in C)
+        prove; one that holds several is counted tensor by tensor."""
+        names, entries = list(shard.tensors), list(shard.tensors.values())
+        # (first place, key, count, name), (first place, (block, layer), width, name), (first place, suffix, count)
+        layouts, widths, markers = [], [], []
+        for (block, layer), buckets in kinds.items():
+            for (projection, part), (_, places) in buckets.items():
+                if not places:
+                    continue
+                bucket = list(map(entries.__getitem__, places))
+                shapes, dtypes = list(map(_SHAPE, bucket)), list(map(_DTYPE, bucket))
+                head = (block, projection, LAYOUT_PART[part])
+                if shapes.count(shapes[0]) == len(shapes) and dtypes.count(dtypes[0]) == len(dtypes):
+                    layouts.append((places[0], (*head, dtypes[0], tuple(shapes[0])), len(places), names[places[0]]))
+                    if part == "trellis" and shapes[0]:
+                        widths.append((places[0], (block, layer), shapes[0][-1], names[places[0]]))
+                else:
+                    keys = list(zip(dtypes, map(tuple, shapes), strict=True))
+                    first = _first_places(keys, places)
+                    layouts += [(first[key], head + key, n, names[first[key]]) for key, n in Counter(keys).items()]
+                    if part == "trellis":
+                        kept = [(shape[-1], at) for shape, at in zip(shapes, places, strict=True) if shape]
+                        first = _first_places([width for width, _ in kept], [at for _, at in kept])
+                        widths += [(at, (block, layer), width, names[at]) for width, at in first.items()]
+                if block == "mtp" or part in MARKER_VALUES:
+                    offsets = list(map(_OFFSETS, bucket))
+                    starts, ends = list(map(_FIRST, offsets)), list(map(_SECOND, offsets))
+                    if block == "mtp":
+                        self.v41.mtp_bytes += sum(ends) - sum(starts)
+                    if part in MARKER_VALUES:
+                        self._add_markers(shard, part, places, names, starts, ends)
+                        if block == "layers":
+                            markers.append((places[0], part, len(places)))
+        layouts.sort(key=_FIRST)
+        kept_layouts = self.expert_layouts
+        for _, key, n, name in layouts:
+            seen = kept_layouts.get(key)
+            if seen is None:
+                kept_layouts[key] = [n, name]
+            else:
+                seen[0] += n
+        widths.sort(key=_FIRST)
+        for _, layer, width, name in widths:
+            self.widths[layer].setdefault(width, name)
+        markers.sort(key=_FIRST)
+        for _, suffix, n in markers:
+            self.routed_marker_suffixes[suffix] += n
+
+    def _add_markers(self, shard: Shard, suffix: str, places, names, starts, ends) -> None:
+        """Count a bucket of routed-expert markers, and queue them to be read."""
+        if not shard.reads_data:
+            self.markers_unread += len(places)
+            return
+        self.markers_checked += len(places)
+        sizes = list(map(operator.sub, ends, starts))
+        sizes = [None] * len(sizes) if sizes.count(4) == len(sizes) else [None if n == 4 else n for n in sizes]
+        names = map(names.__getitem__, places)
+        self._pending += zip(places, names, starts, itertools.repeat(suffix), sizes, strict=False)
+
+    def _add_other(self, shard: Shard, place: int, name: str, entry: dict, parts: list[str]) -> None:
         """Every name but a routed expert's: MTP blocks, gates, dense linears, the vision tower, stray markers."""
         head = parts[0]
         numbered = head in ("layers", "mtp") and len(parts) > 2 and _index(parts[1]) is not None
@@ -256,7 +324,7 @@ class PackScan:
         elif head in ("vision", "aligner") or head.startswith("image_"):
             self._vision(name)
         if parts[-1] in MARKER_VALUES:
-            self._marker(shard, name, entry, parts[-1])
+            self._marker(shard, place, name, entry, parts[-1])
 
     def _vision(self, name: str) -> None:
         self.vision_tensors += 1
@@ -393,7 +461,7 @@ def pack_index(ctx: DoctorContext) -> PackIndex:
             return PackIndex(absent=True)
         except OSError as exc:
             return PackIndex(error=f"{INDEX_NAME} cannot be read ({exc.strerror or exc})")
-        if json_cost(raw) > INDEX_MEMORY:
+        if json_cost_over(raw, INDEX_MEMORY):
             return PackIndex(
                 error=f"{INDEX_NAME} holds more JSON values than doctor reads ({len(raw):,} bytes, mostly "
                 "separators and brackets)"

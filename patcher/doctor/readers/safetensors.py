@@ -51,7 +51,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from patch_dsv4.doctor.readers.files import clip, json_cost
+from patch_dsv4.doctor.readers.files import clip, json_cost_over
 
 # Each dtype the library knows, in bits per element (F4 and the F6 formats pack several values per byte).
 DTYPE_BITS = {
@@ -187,7 +187,7 @@ def _canonical_tensors(raw: bytes) -> tuple[dict, list] | str | None:
     Python merges in silence, show as more ``:`` in the text than members and
     fields kept, or more of those three strings than tensors).
     """
-    if json_cost(raw) > ENTRY_MEMORY:
+    if json_cost_over(raw, ENTRY_MEMORY):
         return None
     try:
         text = raw.decode("utf-8")
