@@ -35,7 +35,7 @@ def _state(tree: Path) -> dict[str, str]:
     return {
         str(p.relative_to(tree)): hashlib.sha256(p.read_bytes()).hexdigest()
         for p in sorted(state.rglob("*"))
-        if p.is_file()
+        if p.is_file() and p.name != "stat-keys.json"  # a cache of stat keys: new inodes and ctimes on every write
     }
 
 
