@@ -164,30 +164,62 @@ FP8_GEMM = "fp8_einsum"
 
 
 def _branches_on_dtype(func: ast.AST, aliases: frozenset[str], call: ast.Call) -> ast.Compare | None:
-    """The test of wo_a's dtype that decides whether ``call`` (in ``func``) runs: an ``if`` (or conditional
-    expression) around it, or before it with a ``return``, whose test is the comparison or a flag bound to it."""
+    """The test of wo_a's dtype that lets ``call`` (in ``func``) run only for an FP8 ``wo_a``: an ``if`` (or
+    conditional expression) around it, or before it with a ``return``, whose test is the comparison or a flag bound
+    to it, read with its sense: ``call`` must sit on the arm the test takes only when the dtype is FP8 (``==`` true,
+    ``!=`` false, ``not``, ``and``/``or`` and flags followed). A branch on the dtype that lets ``call`` run for a BF16
+    ``wo_a`` is no gate."""
     tests = _dtype_tests(func, aliases)
     if not tests:
         return None
-    flags = {
-        target.id
-        for sub in ast.walk(func)
-        if isinstance(sub, ast.Assign) and any(t in tests for t in ast.walk(sub.value))
-        for target in sub.targets
-        if isinstance(target, ast.Name)
-    }
+    flags: dict[str, list[ast.expr]] = {}
+    for sub in ast.walk(func):
+        if isinstance(sub, ast.Assign) and any(t in tests for t in ast.walk(sub.value)):
+            for target in sub.targets:
+                if isinstance(target, ast.Name):
+                    flags.setdefault(target.id, []).append(sub.value)
 
-    def decides(test: ast.expr) -> bool:
-        return any(t in tests for t in ast.walk(test)) or any(
-            isinstance(n, ast.Name) and n.id in flags for n in ast.walk(test)
-        )
+    def fp8_when(expr: ast.expr, value: bool, depth: int = 0) -> bool:
+        """Whether ``expr`` evaluating to ``value`` implies that wo_a's weight is FP8."""
+        if depth > 8:
+            return False
+        if isinstance(expr, ast.Compare) and expr in tests and len(expr.ops) == 1:
+            op = expr.ops[0]
+            if isinstance(op, (ast.Eq, ast.Is)):
+                return value
+            if isinstance(op, (ast.NotEq, ast.IsNot)):
+                return not value
+            return False
+        if isinstance(expr, ast.Name) and expr.id in flags:
+            return all(fp8_when(bound, value, depth + 1) for bound in flags[expr.id])
+        if isinstance(expr, ast.UnaryOp) and isinstance(expr.op, ast.Not):
+            return fp8_when(expr.operand, not value, depth + 1)
+        if isinstance(expr, ast.BoolOp):
+            parts = [fp8_when(v, value, depth + 1) for v in expr.values]
+            if isinstance(expr.op, ast.And):  # true: every part true; false: some part false
+                return any(parts) if value else all(parts)
+            return all(parts) if value else any(parts)  # or: true: some part true; false: every part false
+        return False
+
+    def holds(arm) -> bool:
+        nodes = arm if isinstance(arm, list) else [arm]
+        return any(n is call for node in nodes for n in ast.walk(node))
+
+    def returns(arm) -> bool:
+        return any(isinstance(n, ast.Return) for node in arm for n in ast.walk(node))
 
     for sub in ast.walk(func):
-        if isinstance(sub, (ast.If, ast.IfExp)) and decides(sub.test):
-            arms = [sub.body, sub.orelse] if isinstance(sub, ast.IfExp) else [*sub.body, *sub.orelse]
-            inside = any(n is call for arm in arms for n in ast.walk(arm) if isinstance(arm, ast.AST))
-            returns = isinstance(sub, ast.If) and any(isinstance(n, ast.Return) for n in ast.walk(sub))
-            if inside or (returns and sub.lineno < call.lineno):
+        if not isinstance(sub, (ast.If, ast.IfExp)):
+            continue
+        if holds(sub.body) and fp8_when(sub.test, True):
+            return tests[0]
+        if holds(sub.orelse) and fp8_when(sub.test, False):
+            return tests[0]
+        if isinstance(sub, ast.If) and sub.lineno < call.lineno and not holds(sub.body) and not holds(sub.orelse):
+            # an early return: ``call`` runs only when the returning arm is not taken
+            if returns(sub.body) and not returns(sub.orelse) and fp8_when(sub.test, False):
+                return tests[0]
+            if returns(sub.orelse) and not returns(sub.body) and fp8_when(sub.test, True):
                 return tests[0]
     return None
 

@@ -55,6 +55,21 @@ def test_dtype_branch_removed_from_a_real_release_is_not_upstream(make_tree, cli
     assert {e["verdict"] for e in patch["edits"] if "deepseek_v4_1/" not in e["file"]} == {"drifted"}
 
 
+def test_dtype_branch_inverted_in_a_real_release_is_not_upstream(make_tree, cli):
+    """0.34.0 with its flag's sense inverted (``!=``): fp8_einsum runs for a BF16 wo_a; a branch on the dtype
+    is evidence only where the GEMM sits on the arm taken for FP8 alone."""
+    tree = make_tree("0.34.0")
+    path = tree / O_PROJ
+    text = path.read_text()
+    old = "use_fp8 = wo_a.weight.dtype == torch.float8_e4m3fn"
+    assert text.count(old) == 1
+    hand_edit(path, text.replace(old, "use_fp8 = wo_a.weight.dtype != torch.float8_e4m3fn"))
+    rewrite_record(tree, [O_PROJ])
+    patch = cli("status", "--site-packages", tree, "--json").patch("dtype-policy")
+    assert patch["verdict"] == "drifted"
+    assert {e["verdict"] for e in patch["edits"] if "deepseek_v4_1/" not in e["file"]} == {"drifted"}
+
+
 # -- shapes no release has ------------------------------------------------------------------------
 GROUPED = "vllm/models/deepseek_v4/common/grouped.py"
 OPS = "vllm/models/deepseek_v4/common/ops/gemm.py"
@@ -111,6 +126,38 @@ O_PROJ_SHAPES = {
         "    is_fp8 = layer_wo_a.weight.dtype == torch.float8_e4m3fn\n"
         '    return fp8_einsum("x", o, layer_wo_a.weight)\n',
         "drifted",
+    ),
+    # the dtype branch with its sense inverted: the FP8 GEMM runs for a BF16 wo_a
+    "fp8-gemm-on-the-bf16-arm": (
+        "def grouped_gemm(o, *, layer_wo_a):\n"
+        "    if layer_wo_a.weight.dtype != torch.float8_e4m3fn:\n"
+        '        return fp8_einsum("x", o, layer_wo_a.weight)\n'
+        "    return torch.bmm(o, layer_wo_a.weight)\n",
+        "drifted",
+    ),
+    "fp8-gemm-after-an-early-return-for-fp8": (
+        "def grouped_gemm(o, *, layer_wo_a):\n"
+        "    if layer_wo_a.weight.dtype == torch.float8_e4m3fn:\n"
+        "        return torch.bmm(o, layer_wo_a.weight)\n"
+        '    return fp8_einsum("x", o, layer_wo_a.weight)\n',
+        "drifted",
+    ),
+    # the fix with its test negated: a flag for BF16, the FP8 GEMM on its else arm; an early return for BF16
+    "fp8-gemm-on-the-else-of-a-bf16-flag": (
+        "def grouped_gemm(o, *, layer_wo_a):\n"
+        "    is_bf16 = not (layer_wo_a.weight.dtype == torch.float8_e4m3fn)\n"
+        "    if is_bf16:\n"
+        "        return torch.bmm(o, layer_wo_a.weight)\n"
+        "    else:\n"
+        '        return fp8_einsum("x", o, layer_wo_a.weight)\n',
+        "upstream",
+    ),
+    "fp8-gemm-after-an-early-return-for-bf16": (
+        "def grouped_gemm(o, *, layer_wo_a):\n"
+        "    if layer_wo_a.weight.dtype != torch.float8_e4m3fn:\n"
+        "        return torch.bmm(o, layer_wo_a.weight)\n"
+        '    return fp8_einsum("x", o, layer_wo_a.weight)\n',
+        "upstream",
     ),
     # the branch tests another tensor's dtype (the activation's)
     "branch-on-the-activation-dtype": (
