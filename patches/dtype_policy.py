@@ -298,6 +298,13 @@ def wo_a_dtype_gate(ctx: Context, file: str, cls: str, method: str = "_o_proj") 
     ungated = [(p, c) for p, c, g in sites if g is None]
     if ungated:
         path, call = ungated[0]
+        frames = [path.frame, *(h.caller for h in path.hops)]
+        tested = [t for f in frames for t in _dtype_tests(f.node, aliases_of.get(id(f), frozenset()))]
+        if tested:  # a test of the dtype is there, but its sense lets a BF16 wo_a reach the call
+            return None, (
+                f"{path.names()} calls {FP8_GEMM} at line {call.lineno} on a path a BF16 wo_a takes too: "
+                f"`{ast.unparse(tested[0])}` does not keep it to an FP8 wo_a"
+            )
         return None, f"{path.names()} calls {FP8_GEMM} at line {call.lineno} whatever wo_a's dtype"
     path, call, gate = sites[0]
     # one sentence for every class that reaches the gate the same way (status prints it once)
