@@ -415,7 +415,7 @@ V41_HOSTILE = [
     (("text_config", "compress_ratios"), {"0": 1}, "compress_ratios is a JSON dict"),
     (("text_config", "num_nextn_predict_layers"), 10**7, "doctor takes up to 100,000"),
     (("text_config", "n_routed_experts"), 10**6, "n/a"),
-    (("model_type",), "deepseek_v4", 'model_type is "deepseek_v4" but architectures'),
+    (("model_type",), "deepseek_v4", 'model_type is "deepseek_v4" and architectures'),
 ]
 
 

@@ -149,7 +149,7 @@ def test_a_good_v41_pack_gets_no_false_fail_from_the_whole_report(flash):
         ("no-backbone", "v41.backbone", FAIL, "[silent] the pack lacks attention on 4 layers"),
         ("engram-shape", "v41.engram-tables", FAIL, "[1201053, 64], the config"),
         ("flat-config", "v41.config", FAIL, "config.json is flat (no text_config)"),
-        ("mismatched-type", "v41.config", FAIL, 'architectures is ["DeepseekV4ForCausalLM"]'),
+        ("mismatched-type", "v41.config", FAIL, '"deepseek_v41" and architectures ["DeepseekV4ForCausalLM"]'),
         ("text-only", "v41.vision", WARN, "no vision tower"),
         ("dense-exl3", "v41.pack-kind", INFO, "dense EXL3"),
     ],

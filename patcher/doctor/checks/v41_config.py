@@ -181,7 +181,7 @@ def shape_problems(ctx: DoctorContext) -> list[str]:
     model_type, archs = raw.get("model_type"), architectures(raw)
     if model_type != V41_MODEL_TYPE or V41_ARCHITECTURE not in archs:
         problems.append(
-            f"model_type is {echo(model_type)} but architectures is {echo(raw.get('architectures'))}: vLLM takes "
+            f"model_type is {echo(model_type)} and architectures {echo(raw.get('architectures'))}: vLLM takes "
             "the config class from model_type and the model from architectures, so both must say V4.1 "
             f'("{V41_MODEL_TYPE}", ["{V41_ARCHITECTURE}"])'
         )
