@@ -23,6 +23,13 @@ is set when the model is built; otherwise the streams are created as before. App
 (`patch-dsv4 apply --with aux-streams`), then kept by later applies.
 
 Not fixed upstream in vLLM 0.28.0-0.34.0 nor in exllamav3 1.4.0-1.6.5.
+
+What the probes check, whatever the code is called: the defect is that the
+`__init__` builds the streams whatever the user asks; the fix is that
+`aux_stream_list` is None on one arm of a test that reads a setting (vllm.envs,
+the environment), in a conditional expression, an `if` statement, or a helper
+the `__init__` calls (followed through the shared facility). A setting that only
+sets how many streams there are, or a test of the platform, is no fix.
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ from patch_dsv4.patches import miaai_kit
 from patch_dsv4.patches._v41 import in_layouts
 from patch_dsv4.patching.edits import ForeignEdit, ReplaceStatements, Variant, mentions_injected
 from patch_dsv4.patching.fingerprint import find_scope
+from patch_dsv4.patching.follow import Follower
 from patch_dsv4.patching.patch import Context, Example, Patch, Scope
 
 MODEL = "vllm/models/deepseek_v4/nvidia/model.py"
@@ -81,8 +89,65 @@ def _reads_a_setting(node: ast.AST) -> bool:
     return "envs." in text or "environ" in text or "getenv" in text
 
 
-def _upstream_switch(cls: str):
-    """Upstream made the streams optional itself: the streams depend on a setting (vllm.envs, the environment).
+def _is_none(node: ast.AST | None) -> bool:
+    return node is None or (isinstance(node, ast.Constant) and node.value is None)
+
+
+def _none_under_a_setting(func: ast.AST) -> ast.If | None:
+    """The ``if`` on a setting in ``func`` one of whose arms returns None (a helper that makes the streams)."""
+    for node in ast.walk(func):
+        if isinstance(node, ast.If) and _reads_a_setting(node.test):
+            for arm in (node.body, node.orelse):
+                if any(isinstance(stmt, ast.Return) and _is_none(stmt.value) for stmt in arm):
+                    return node
+    return None
+
+
+def _streams_off_by_a_setting(follower: Follower, frame, scope: ast.AST) -> str | None:
+    """Evidence that ``scope`` (an ``__init__`` that builds the streams) makes none when a setting says so.
+
+    ``aux_stream_list`` is None on one arm of a test that reads a setting: a conditional expression, an ``if``
+    statement, or a helper it calls (followed through the shared facility) that returns None under such a test
+    (or returns such a conditional expression). A setting that only changes how many streams there are, or a
+    test of something else (``current_platform.is_rocm()``), is no evidence: the streams are still made.
+    """
+    for node in ast.walk(scope):
+        if isinstance(node, ast.If) and _reads_a_setting(node.test):
+            for arm in (node.body, node.orelse):
+                for stmt in arm:
+                    if _aux_stream_assignments(stmt) == [stmt] and _is_none(stmt.value):
+                        return f"aux_stream_list is None on one arm of `if {ast.unparse(node.test)}`"
+    for node in _aux_stream_assignments(scope):
+        value = node.value
+        if isinstance(value, ast.IfExp) and _reads_a_setting(value.test):
+            if _is_none(value.body) or _is_none(value.orelse):
+                return f"aux_stream_list = {ast.unparse(value)}"
+        if isinstance(value, ast.Call):
+            for callee in follower.callees(frame, value):
+                returns = [n.value for n in ast.walk(callee.node) if isinstance(n, ast.Return)]
+                gate = _none_under_a_setting(callee.node)
+                if gate is None:
+                    gate = next(
+                        (
+                            r
+                            for r in returns
+                            if isinstance(r, ast.IfExp)
+                            and _reads_a_setting(r.test)
+                            and (_is_none(r.body) or _is_none(r.orelse))
+                        ),
+                        None,
+                    )
+                if gate is not None:
+                    helper = f"{callee.defn.file}: {callee.defn.qualname}"
+                    return (
+                        f"aux_stream_list = {ast.unparse(value)}, and {helper} returns None on one arm of "
+                        f"`{ast.unparse(gate.test)}`"
+                    )
+    return None
+
+
+def _upstream_switch(file: str, cls: str):
+    """Upstream made the streams optional itself: no streams when a setting (vllm.envs, the environment) says so.
 
     A condition that is not a setting (``None if current_platform.is_rocm() else [...]``, which some
     nightlies have) is not the fix: the streams are still built on CUDA whatever the user asks.
@@ -92,12 +157,12 @@ def _upstream_switch(cls: str):
         init = find_scope(tree, cls, "__init__") if tree is not None else None
         if init is None or mentions_injected(init):
             return None
-        for node in _aux_stream_assignments(init):
-            value = node.value
-            switch = value.test if isinstance(value, ast.IfExp) else value
-            if _reads_a_setting(switch):
-                return Outcome.upstream(f"{cls}.__init__ makes aux_stream_list optional itself: {ast.unparse(value)}")
-        return None
+        follower = Follower(ctx)
+        start = follower.function(file, cls, "__init__")
+        if start is None:
+            return None
+        evidence = _streams_off_by_a_setting(follower, follower.frame(start), start.node)
+        return Outcome.upstream(f"{file}: {cls}.__init__ makes no streams when asked: {evidence}") if evidence else None
 
     return probe
 
@@ -134,7 +199,7 @@ class AuxStreams(Patch):
             scope=Scope(cls, "__init__"),
             variants=(Variant(ANCHOR, REPLACEMENT, releases="0.28.0-0.34.0"),),
             helpers=(_patch_dsv4_aux_streams_off,),
-            probe=_upstream_switch(cls),
+            probe=_upstream_switch(file, cls),
             foreign=(LNA_AUX_STREAMS, miaai_kit.SERIAL_STREAMS_SWITCH),
             kept=tuple(other for other in miaai_kit.V41_EXL3_LOADING if other.file == file),
         )

@@ -26,6 +26,12 @@ DeepSeek-V4.1 EXL3 packs store `wo_a` per group too (MiaAI-Lab's kit maps
 the patch extends it the same way.
 
 Not fixed upstream in vLLM 0.28.0-0.34.0.
+
+What the probes check, whatever the code is called: the fix is a mapping entry
+`(param, shard, id)` that loads a `wo_a.slice` name into `wo_a` with a shard
+id, in `load_weights` or in a helper whose result it adds to a mapping
+(followed through the shared facility). A mention of the name that skips,
+rejects or logs those tensors is no fix.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ from patch_dsv4.output.verdicts import Outcome, Verdict
 from patch_dsv4.patches import miaai_kit
 from patch_dsv4.patches._v41 import in_layouts
 from patch_dsv4.patching.edits import ForeignEdit, ReplaceStatements, Variant, injected_names, mentions_injected
+from patch_dsv4.patching.follow import Follower
 from patch_dsv4.patching.patch import Context, Example, Patch, Scope
 
 MODEL = "vllm/models/deepseek_v4/nvidia/model.py"
@@ -83,10 +90,6 @@ OWN = injected_names(REPLACEMENT)
 _LNA_SLICE = re.compile(r"attn\.wo_a\.slice\.(\d+)")
 
 
-def _slice_strings(scope: ast.AST) -> list[ast.Constant]:
-    return [n for n in ast.walk(scope) if isinstance(n, ast.Constant) and isinstance(n.value, str) and SLICE in n.value]
-
-
 def _lna_entries(scope: ast.AST) -> list[ast.Tuple]:
     """lna-lab's entries: ``("attn.wo_a", "attn.wo_a.slice.N", N)``, the slice name without its trailing dot."""
     found = []
@@ -119,18 +122,46 @@ LNA_SLICES = ForeignEdit(
 )
 
 
+def _slice_entries(node: ast.AST) -> list[ast.Tuple]:
+    """Mapping entries that load a per-group ``wo_a`` into ``wo_a`` with a shard id: ``(param, shard, id)`` whose
+    shard names ``wo_a.slice`` and whose parameter names ``wo_a`` without the slice (strings or f-strings)."""
+    found = []
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Tuple) and len(sub.elts) == 3:
+            param, shard = (ast.unparse(e) for e in sub.elts[:2])
+            if SLICE in shard and "wo_a" in param and SLICE not in param:
+                found.append(sub)
+    return found
+
+
 def _upstream_slices(file: str = MODEL):
     def probe(ctx: Context, tree: ast.Module | None) -> Outcome | None:
-        """vLLM maps wo_a slices itself: the loader names ``wo_a.slice`` (none of ours, none of lna-lab's)."""
+        """vLLM maps wo_a slices itself: ``load_weights``, or a helper it calls to build a mapping (followed through
+        the shared facility), holds an entry that loads ``wo_a.slice.G`` into ``wo_a`` with a shard id. A mention
+        of the name that only skips, rejects or logs those tensors is no evidence."""
         scope = ctx.scope(file, "DeepseekV4Model", "load_weights") if tree is not None else None
         if scope is None or mentions_injected(scope, OWN):
             return None
-        strings = _slice_strings(scope)
-        if strings:
-            where = "" if file == MODEL else f"{file}: "
-            return Outcome.upstream(
-                f"{where}DeepseekV4Model.load_weights maps wo_a slices itself: {strings[0].value!r}"
-            )
+        follower = Follower(ctx)
+        start = follower.function(file, "DeepseekV4Model", "load_weights")
+        if start is None:
+            return None
+        mapping = {
+            id(call)
+            for stmt in ast.walk(start.node)
+            if isinstance(stmt, (ast.Assign, ast.AugAssign, ast.Expr))
+            and "mapping" in ast.unparse(stmt.targets[0] if isinstance(stmt, ast.Assign) else stmt)
+            for call in ast.walk(stmt)
+            if isinstance(call, ast.Call)
+        }
+        where = "" if file == MODEL else f"{file}: "
+        for path in follower.walk(follower.frame(start), depth=2, follow=lambda f, call: id(call) in mapping):
+            entries = _slice_entries(path.frame.node)
+            if entries:
+                via = f" (in {path.frame.defn.file}: {path.names()})" if path.hops else ""
+                return Outcome.upstream(
+                    f"{where}DeepseekV4Model.load_weights maps wo_a slices itself{via}: {ast.unparse(entries[0])}"
+                )
         return None
 
     return probe

@@ -134,3 +134,80 @@ def test_every_release_s_attention_takes_no_aux_streams(version, make_tree):
     tree = ast.parse((make_tree(version) / "vllm/models/deepseek_v4/attention.py").read_text())
     count, unguarded = _guarded_subscripts(tree, {"aux_stream_list", "aux_streams"})
     assert count >= 3 and unguarded == [], unguarded
+
+
+# -- shapes no release has: a switch upstream might write, and look-alikes that are none ---------------------------
+HELPERS = "vllm/models/deepseek_v4/common/streams.py"
+INIT = """\
+import torch
+from vllm import envs
+from vllm.models.deepseek_v4.common.streams import make_aux_streams
+
+
+class DeepseekV4Model(nn.Module):
+    def __init__(self, *, vllm_config, prefix=""):
+{body}
+        self.layers = build(aux_stream_list=aux_stream_list)
+"""
+STREAMS = "[torch.cuda.Stream() for _ in range(3)]"
+HELPER_OFF = f"""\
+import os
+
+
+def make_aux_streams():
+    if os.environ.get("VLLM_DSV4_AUX_STREAMS", "1") == "0":
+        return None
+    return {STREAMS}
+"""
+HELPER_COUNT = """\
+import os
+
+
+def make_aux_streams():
+    return [torch.cuda.Stream() for _ in range(int(os.environ.get("VLLM_DSV4_AUX_STREAMS", "3")))]
+"""
+AUX_SHAPES = {
+    # fixes in spellings no release has
+    "conditional-on-envs": (
+        f"        aux_stream_list = None if envs.VLLM_DSV4_SERIAL_STREAMS else {STREAMS}",
+        "",
+        "upstream",
+    ),
+    "if-statement-on-environ": (
+        f"        aux_stream_list = {STREAMS}\n"
+        '        if os.environ.get("VLLM_DSV4_AUX_STREAMS") == "0":\n'
+        "            aux_stream_list = None",
+        "",
+        "upstream",
+    ),
+    "helper-in-another-module": ("        aux_stream_list = make_aux_streams()", HELPER_OFF, "upstream"),
+    # look-alikes: a setting read, but the streams are made whatever it says
+    "setting-sets-the-count": ("        aux_stream_list = make_aux_streams()", HELPER_COUNT, "drifted"),
+    "both-arms-make-streams": (
+        f"        aux_stream_list = {STREAMS} if envs.VLLM_DSV4_AUX_STREAMS else [torch.cuda.Stream()]",
+        "",
+        "drifted",
+    ),
+    "platform-not-a-setting": (
+        f"        aux_stream_list = None if current_platform.is_rocm() else {STREAMS}",
+        "",
+        "drifted",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(AUX_SHAPES))
+def test_streams_switch_shapes_no_release_has(name):
+    from patch_dsv4.patching.patch import Context
+
+    body, helper, verdict = AUX_SHAPES[name]
+    text = INIT.format(body=body)
+    (edit,) = [e for e in aux_streams.AuxStreams.edits if e.file == MODEL]
+    outcome = edit.evaluate(Context.from_texts({MODEL: text, HELPERS: helper}), text)
+    assert outcome.verdict.value == verdict, outcome.detail
+    if verdict == "upstream":
+        assert outcome.detail.startswith(f"{MODEL}: DeepseekV4Model.__init__ makes no streams when asked"), (
+            outcome.detail
+        )
+        if helper:
+            assert f"{HELPERS}: make_aux_streams returns None" in outcome.detail, outcome.detail
