@@ -103,7 +103,7 @@ def _none_under_a_setting(func: ast.AST) -> ast.If | None:
     return None
 
 
-def _streams_off_by_a_setting(follower: Follower, frame, scope: ast.AST) -> str | None:
+def _streams_off_by_a_setting(ctx: Context, file: str, cls: str, scope: ast.AST) -> str | None:
     """Evidence that ``scope`` (an ``__init__`` that builds the streams) makes none when a setting says so.
 
     ``aux_stream_list`` is None on one arm of a test that reads a setting: a conditional expression, an ``if``
@@ -122,8 +122,11 @@ def _streams_off_by_a_setting(follower: Follower, frame, scope: ast.AST) -> str 
         if isinstance(value, ast.IfExp) and _reads_a_setting(value.test):
             if _is_none(value.body) or _is_none(value.orelse):
                 return f"aux_stream_list = {ast.unparse(value)}"
-        if isinstance(value, ast.Call):
-            for callee in follower.callees(frame, value):
+        if isinstance(value, ast.Call):  # only then is anything beyond this file read
+            follower = Follower(ctx)
+            start = follower.function(file, cls, "__init__")
+            callees = follower.callees(follower.frame(start), value) if start is not None else []
+            for callee in callees:
                 returns = [n.value for n in ast.walk(callee.node) if isinstance(n, ast.Return)]
                 gate = _none_under_a_setting(callee.node)
                 if gate is None:
@@ -157,11 +160,7 @@ def _upstream_switch(file: str, cls: str):
         init = find_scope(tree, cls, "__init__") if tree is not None else None
         if init is None or mentions_injected(init):
             return None
-        follower = Follower(ctx)
-        start = follower.function(file, cls, "__init__")
-        if start is None:
-            return None
-        evidence = _streams_off_by_a_setting(follower, follower.frame(start), start.node)
+        evidence = _streams_off_by_a_setting(ctx, file, cls, init)
         return Outcome.upstream(f"{file}: {cls}.__init__ makes no streams when asked: {evidence}") if evidence else None
 
     return probe

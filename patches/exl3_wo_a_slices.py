@@ -134,33 +134,47 @@ def _slice_entries(node: ast.AST) -> list[ast.Tuple]:
     return found
 
 
+def _mapping_calls(func: ast.AST) -> set[int]:
+    """The calls (by id) whose result goes into the loader's shard mapping: in the statements that assign,
+    extend or add to ``stacked_params_mapping``."""
+    return {
+        id(call)
+        for stmt in ast.walk(func)
+        if isinstance(stmt, (ast.Assign, ast.AugAssign, ast.Expr))
+        and "stacked_params_mapping" in ast.unparse(stmt.targets[0] if isinstance(stmt, ast.Assign) else stmt)
+        for call in ast.walk(stmt)
+        if isinstance(call, ast.Call)
+    }
+
+
 def _upstream_slices(file: str = MODEL):
     def probe(ctx: Context, tree: ast.Module | None) -> Outcome | None:
-        """vLLM maps wo_a slices itself: ``load_weights``, or a helper it calls to build a mapping (followed through
-        the shared facility), holds an entry that loads ``wo_a.slice.G`` into ``wo_a`` with a shard id. A mention
-        of the name that only skips, rejects or logs those tensors is no evidence."""
+        """vLLM maps wo_a slices itself: ``load_weights``, or a helper whose result it adds to its shard mapping
+        (followed through the shared facility), holds an entry that loads ``wo_a.slice.G`` into ``wo_a`` with a
+        shard id. A mention of the name that only skips, rejects or logs those tensors is no evidence."""
         scope = ctx.scope(file, "DeepseekV4Model", "load_weights") if tree is not None else None
         if scope is None or mentions_injected(scope, OWN):
             return None
-        follower = Follower(ctx)
+        where = "" if file == MODEL else f"{file}: "
+        entries = _slice_entries(scope)
+        if entries:
+            return Outcome.upstream(
+                f"{where}DeepseekV4Model.load_weights maps wo_a slices itself: {ast.unparse(entries[0])}"
+            )
+        mapping = _mapping_calls(scope)
+        if not mapping:
+            return None
+        follower = Follower(ctx)  # a mapping built by calls: follow them (only then is another file read)
         start = follower.function(file, "DeepseekV4Model", "load_weights")
         if start is None:
             return None
-        mapping = {
-            id(call)
-            for stmt in ast.walk(start.node)
-            if isinstance(stmt, (ast.Assign, ast.AugAssign, ast.Expr))
-            and "mapping" in ast.unparse(stmt.targets[0] if isinstance(stmt, ast.Assign) else stmt)
-            for call in ast.walk(stmt)
-            if isinstance(call, ast.Call)
-        }
-        where = "" if file == MODEL else f"{file}: "
-        for path in follower.walk(follower.frame(start), depth=2, follow=lambda f, call: id(call) in mapping):
-            entries = _slice_entries(path.frame.node)
+        mapping = _mapping_calls(start.node)
+        for path in follower.walk(follower.frame(start), depth=1, follow=lambda f, call: id(call) in mapping):
+            entries = _slice_entries(path.frame.node) if path.hops else []
             if entries:
-                via = f" (in {path.frame.defn.file}: {path.names()})" if path.hops else ""
                 return Outcome.upstream(
-                    f"{where}DeepseekV4Model.load_weights maps wo_a slices itself{via}: {ast.unparse(entries[0])}"
+                    f"{where}DeepseekV4Model.load_weights maps wo_a slices itself (in {path.frame.defn.file}: "
+                    f"{path.names()}): {ast.unparse(entries[0])}"
                 )
         return None
 
