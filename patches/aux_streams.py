@@ -93,13 +93,23 @@ def _is_none(node: ast.AST | None) -> bool:
     return node is None or (isinstance(node, ast.Constant) and node.value is None)
 
 
-def _none_under_a_setting(func: ast.AST) -> ast.If | None:
-    """The ``if`` on a setting in ``func`` one of whose arms returns None (a helper that makes the streams)."""
+def _none_on_a_setting_arm(expr: ast.AST | None) -> bool:
+    """``None if <setting> else ...`` (or the other way round): None on one arm of a test that reads a setting."""
+    return (
+        isinstance(expr, ast.IfExp) and _reads_a_setting(expr.test) and (_is_none(expr.body) or _is_none(expr.orelse))
+    )
+
+
+def _none_under_a_setting(func: ast.AST) -> ast.expr | None:
+    """The test of a setting under which a helper that makes the streams returns None: an ``if`` one of whose
+    arms returns None, or a returned ``None if <setting> else ...``."""
     for node in ast.walk(func):
         if isinstance(node, ast.If) and _reads_a_setting(node.test):
             for arm in (node.body, node.orelse):
                 if any(isinstance(stmt, ast.Return) and _is_none(stmt.value) for stmt in arm):
-                    return node
+                    return node.test
+        if isinstance(node, ast.Return) and _none_on_a_setting_arm(node.value):
+            return node.value.test
     return None
 
 
@@ -119,32 +129,19 @@ def _streams_off_by_a_setting(ctx: Context, file: str, cls: str, scope: ast.AST)
                         return f"aux_stream_list is None on one arm of `if {ast.unparse(node.test)}`"
     for node in _aux_stream_assignments(scope):
         value = node.value
-        if isinstance(value, ast.IfExp) and _reads_a_setting(value.test):
-            if _is_none(value.body) or _is_none(value.orelse):
-                return f"aux_stream_list = {ast.unparse(value)}"
+        if _none_on_a_setting_arm(value):
+            return f"aux_stream_list = {ast.unparse(value)}"
         if isinstance(value, ast.Call):  # only then is anything beyond this file read
             follower = Follower(ctx)
             start = follower.function(file, cls, "__init__")
             callees = follower.callees(follower.frame(start), value) if start is not None else []
             for callee in callees:
-                returns = [n.value for n in ast.walk(callee.node) if isinstance(n, ast.Return)]
-                gate = _none_under_a_setting(callee.node)
-                if gate is None:
-                    gate = next(
-                        (
-                            r
-                            for r in returns
-                            if isinstance(r, ast.IfExp)
-                            and _reads_a_setting(r.test)
-                            and (_is_none(r.body) or _is_none(r.orelse))
-                        ),
-                        None,
-                    )
-                if gate is not None:
+                test = _none_under_a_setting(callee.node)
+                if test is not None:
                     helper = f"{callee.defn.file}: {callee.defn.qualname}"
                     return (
                         f"aux_stream_list = {ast.unparse(value)}, and {helper} returns None on one arm of "
-                        f"`{ast.unparse(gate.test)}`"
+                        f"`{ast.unparse(test)}`"
                     )
     return None
 

@@ -165,10 +165,9 @@ def _upstream_slices(file: str = MODEL):
         if not mapping:
             return None
         follower = Follower(ctx)  # a mapping built by calls: follow them (only then is another file read)
-        start = follower.function(file, "DeepseekV4Model", "load_weights")
+        start = follower.function(file, "DeepseekV4Model", "load_weights")  # the same node as scope (one parse)
         if start is None:
             return None
-        mapping = _mapping_calls(start.node)
         for path in follower.walk(follower.frame(start), depth=1, follow=lambda f, call: id(call) in mapping):
             entries = _slice_entries(path.frame.node) if path.hops else []
             if entries:

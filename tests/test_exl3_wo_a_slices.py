@@ -4,31 +4,30 @@ skips, rejects or logs those tensors is not (the anchors decide: pending)."""
 
 from __future__ import annotations
 
+import textwrap
+
 import pytest
 
 from patch_dsv4.patches import exl3_wo_a_slices as S
 from patch_dsv4.patching.patch import Context
 
 HELPERS = "vllm/models/deepseek_v4/common/exl3_mapping.py"
-LOADER = """\
+LOADER = (
+    """\
 from vllm.models.deepseek_v4.common.exl3_mapping import wo_a_group_entries
 
 
 class DeepseekV4Model(nn.Module):
     def load_weights(self, weights):
-        stacked_params_mapping = [
-            ("gate_up_proj", "w1", 0),
-            ("gate_up_proj", "w3", 1),
-            ("attn.fused_wqa_wkv", "attn.wq_a", 0),
-            ("attn.fused_wqa_wkv", "attn.wkv", 1),
-            ("compressor.fused_wkv_wgate", "compressor.wkv", 0),
-            ("compressor.fused_wkv_wgate", "compressor.wgate", 1),
-        ]
+"""
+    + textwrap.indent(S.ANCHOR.strip("\n"), " " * 8)  # vLLM's stacked_params_mapping, as every release has it
+    + """
 {extra}
         for name, loaded_weight in weights:
 {loop}
             load(name, loaded_weight, stacked_params_mapping)
 """
+)
 HELPER = """\
 def wo_a_group_entries(config):
     return [("attn.wo_a.", f"attn.wo_a.slice.{g}.", g) for g in range(config.o_groups)]

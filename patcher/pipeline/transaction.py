@@ -138,11 +138,7 @@ def write_apply(
             raise WriteFailed(f"cannot patch {relpath}", "it vanished while we planned")
         targets.append(_target(env, relpath, old, new))
     new_backups = [t for t in targets if previous is None or t.relpath not in previous.files]
-    journal = copy.deepcopy(manifest)
-    journal.transaction = {
-        "op": "apply",
-        "files": {t.relpath: {"from": sha256_bytes(t.old), "to": sha256_bytes(t.new)} for t in targets},
-    }
+    journal = _journal(manifest, "apply", targets)
 
     current = "the state directory"
     try:
@@ -179,6 +175,17 @@ def write_apply(
         pass  # the next run's recovery removes leftover staged copies; the apply itself is complete
 
 
+def _journal(manifest: Manifest, op: str, targets: list[_Target]) -> Manifest:
+    """The manifest to save before the first file is replaced: ``manifest`` with the transaction under way (each
+    file's hash before and after), which recovery reads after a crash."""
+    journal = copy.deepcopy(manifest)
+    journal.transaction = {
+        "op": op,
+        "files": {t.relpath: {"from": sha256_bytes(t.old), "to": sha256_bytes(t.new)} for t in targets},
+    }
+    return journal
+
+
 def _undo_prepare(store: StateStore, previous: Manifest | None, new_backups) -> bool:
     """Put the state back as it was before the apply; whether that worked."""
     try:
@@ -203,11 +210,7 @@ def write_revert(env: Environment, store: StateStore, manifest: Manifest, restor
         if now is None:
             raise WriteFailed(f"cannot restore {relpath}", "it vanished")
         targets.append(_target(env, relpath, now, old))
-    journal = copy.deepcopy(manifest)
-    journal.transaction = {
-        "op": "revert",
-        "files": {t.relpath: {"from": sha256_bytes(t.old), "to": sha256_bytes(t.new)} for t in targets},
-    }
+    journal = _journal(manifest, "revert", targets)
     current = "the journal"
     try:
         for t in targets:

@@ -216,14 +216,7 @@ class Dir:
         """A read descriptor of the regular file ``name``: never blocks (FIFO), never a directory."""
         flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
         fd = os.open(name, flags, dir_fd=self.fd)
-        try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise OSError(errno.EINVAL, "not a regular file")
-            os.set_blocking(fd, True)
-        except BaseException:
-            os.close(fd)
-            raise
-        return fd
+        return _regular(fd)
 
     def read_bytes(self, name: str, follow: bool = False, limit: int | None = None) -> bytes:
         fd = self.open_regular(name, follow)
@@ -486,14 +479,7 @@ class PackageTree:
             if os.path.lexists(path):
                 raise DanglingLink(f"{relpath} is a symbolic link that leads nowhere") from None
             raise
-        try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise OSError(errno.EINVAL, "not a regular file")
-            os.set_blocking(fd, True)
-        except BaseException:
-            os.close(fd)
-            raise
-        return fd
+        return _regular(fd)
 
     def read(self, relpath: str, limit: int | None = MAX_SOURCE_BYTES) -> bytes:
         """The bytes of a regular file of the package.
@@ -534,3 +520,16 @@ class PackageTree:
                 self.check_file_link(directory, name)
                 st = os.stat(name, dir_fd=directory.fd)
             return st
+
+
+def _regular(fd: int) -> int:
+    """``fd`` (opened non-blocking, so that a FIFO cannot hang the open) if it is a regular file, made blocking;
+    otherwise it is closed and OSError(EINVAL) raised."""
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
