@@ -23,9 +23,20 @@ from patch_dsv4.output.verdicts import Outcome, Verdict
 from patch_dsv4.patching.fingerprint import find_scope, normalize_node, statements
 from patch_dsv4.patching.patch import INJECTED_PREFIX, Context, Edit, Scope
 
-#: probe(ctx, tree) -> an UPSTREAM / NOT_APPLICABLE (or DRIFTED) answer, or None to let the anchors decide.
+
+@dataclass(frozen=True)
+class NotProven:
+    """A probe's answer when it looked for the fix and found no proof: ``why`` names the defect it found or the
+    unknown that stopped it ("unknown: <construct> at <file:function:line>"). The anchors decide the verdict, and
+    a drifted one says why it is not upstream."""
+
+    why: str
+
+
+#: probe(ctx, tree) -> an UPSTREAM / NOT_APPLICABLE (or DRIFTED) answer, NotProven (the anchors decide, and a
+#: drifted verdict says why), or None to let the anchors decide.
 #: ``tree`` is the edit's file as it is now (None when the file is absent).
-Probe = Callable[[Context, "ast.Module | None"], "Outcome | None"]
+Probe = Callable[[Context, "ast.Module | None"], "Outcome | NotProven | None"]
 
 
 def indent(code: str, spaces: int) -> str:
@@ -234,10 +245,20 @@ class ReplaceStatements(Edit):
                 evidence = other.found(tree, scope)
                 if evidence:
                     return other.outcome(self.label, where, evidence)
+        why = None
         if self.probe is not None:
             answer = self.probe(ctx, tree)
-            if answer is not None:
+            if isinstance(answer, NotProven):
+                why = answer.why
+            elif answer is not None:
                 return answer
+        outcome = self._by_anchors(tree, scope, where)
+        if why and outcome.verdict is Verdict.DRIFTED:
+            return replace(outcome, detail=f"{outcome.detail}; not upstream: {why}")
+        return outcome
+
+    def _by_anchors(self, tree: ast.Module | None, scope: ast.AST | None, where: str) -> Outcome:
+        """APPLIED, PENDING or DRIFTED from the variants' anchors and replacements in ``scope``."""
         if tree is None:
             return Outcome.not_applicable(f"{self.file} is not part of this release")
         if scope is None:
