@@ -48,14 +48,14 @@ ANY = Case("any checkpoint")
 
 # -- wo_a: the attention's output projection, by how a checkpoint stores it ----------------------------------
 def _wo_a(dtype: str) -> Thing:
-    weight = Thing("wo_a.weight", (("dtype", Ext(dtype)),))
+    weight = Thing("wo_a.weight", (("dtype", Ext(dtype)),), foreign=True)
     return Thing("wo_a", (("weight", weight), ("_exl3_linears", MISSING)), truth=True)
 
 
 WO_A_BF16 = Case("wo_a BF16", roles=(("wo_a", _wo_a("torch.bfloat16")),))
 WO_A_FP8 = Case("wo_a FP8", roles=(("wo_a", _wo_a("torch.float8_e4m3fn")),))
 #: vllm-exl3 builds LinearEXL3 objects and deletes the linear's ``.weight``.
-EXL3_LINEARS = Seq("list", (Thing("LinearEXL3", truth=True),))
+EXL3_LINEARS = Seq("list", (Thing("LinearEXL3", truth=True, foreign=True),))
 WO_A_EXL3 = Case(
     "wo_a EXL3 (no .weight)",
     roles=(("wo_a", Thing("wo_a", (("weight", MISSING), ("_exl3_linears", EXL3_LINEARS)), truth=True)),),
@@ -131,7 +131,7 @@ VISION_CHECKPOINT = Case(
 # -- the weights a loader takes -------------------------------------------------------------------------------
 def weight_named(name: str) -> Case:
     """A loop over the weights whose first item is the tensor ``name``."""
-    return Case(f"a weight named {name}", item=Seq("tuple", (Const(name), Thing("tensor", truth=None))))
+    return Case(f"a weight named {name}", item=Seq("tuple", (Const(name), Thing("tensor", foreign=True))))
 
 
 LANGUAGE_MODEL_WEIGHT = weight_named("language_model.model.layers.0.attn.wq_a.weight")

@@ -237,6 +237,7 @@ class Run:
         self.iterated: dict[int, V] = {}  # loop node -> what it iterates
         self.item_loop: ast.AST | None = None  # the loop that took the case's item
         self.generators: list[Where] = []  # generators the weights went through, yielding as they go
+        self.compared: dict[int, tuple[ast.Compare, V]] = {}  # comparison node -> (node, its value, joined)
 
     # -- entry ---------------------------------------------------------------------------------------------
     def start(
@@ -634,32 +635,45 @@ class Run:
             frame.defn.module, name, frame.node if isinstance(frame.node, ast.FunctionDef) else None
         )
 
-    def module_value(self, module: str, name: str, func: FunctionNode | None = None) -> V:
-        """What ``name`` is at module level of ``module``: vLLM's definitions, another package's object, a
-        constant, or unknown."""
+    def module_value(self, module: str, name: str, func: FunctionNode | None = None, depth: int = 0) -> V:
+        """What ``name`` is at module level of ``module``: vLLM's definitions (an instance a module builds
+        included, through its imports), another package's object, a constant; a name bound nowhere (a snippet
+        that leaves its imports out) reads as another package's object of that name."""
         key = (module, name)
         if key in self._module_values:
             return self._module_values[key]
         self._module_values[key] = Unknown(name)  # a cycle reads as unknown
-        found = [d for d in self.follower.resolve(module, name)]
+        found = self.follower.resolve(module, name)
         if found:
-            value = one_of(*(Def(d) for d in found))
+            value: V = one_of(*(Def(d) for d in found))
         else:
-            origin = self.follower.external(module, name)
-            value = Ext(origin) if origin is not None else self._module_assignment(module, name)
+            value = self._module_binding(module, name, depth)
+            if value is None:
+                origin = self.follower.external(module, name)
+                value = Ext(origin) if origin is not None else (Ext(name) if depth == 0 else Unknown(name))
         self._module_values[key] = value
         return value
 
-    def _module_assignment(self, module: str, name: str) -> V:
+    def _module_binding(self, module: str, name: str, depth: int) -> V | None:
+        """``name`` bound at module level by an assignment (evaluated there: a constant, an instance) or by an
+        import from another vLLM module (followed there); None where neither binds it."""
+        from patch_dsv4.patching.follow import _blocks, absolute_module
+
         file = self.follower.module_file(module)
         tree = self.follower.ctx.ast(file) if file else None
-        for stmt in tree.body if tree is not None else ():
+        for stmt in _blocks(tree.body) if tree is not None and depth < 8 else ():
             if isinstance(stmt, (ast.Assign, ast.AnnAssign)) and stmt.value is not None:
                 targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
                 if any(isinstance(t, ast.Name) and t.id == name for t in targets):
                     frame = _Frame(Definition("module", module, file, module, None), ast.Lambda(), (), self.max_depth)
                     return self._expr(stmt.value, _State({}, Reach.YES), frame)
-        return Unknown(name)
+            if isinstance(stmt, ast.ImportFrom):
+                for alias in stmt.names:
+                    if (alias.asname or alias.name) == name:
+                        source = absolute_module(module, file.endswith("__init__.py"), stmt.level, stmt.module)
+                        if source == "vllm" or source.startswith("vllm."):
+                            return self.module_value(source, alias.name, depth=depth + 1)
+        return None
 
     def _imported(self, stmt: ast.Import | ast.ImportFrom, alias: ast.alias, frame: _Frame) -> V:
         """What an import inside a function binds."""
@@ -670,8 +684,7 @@ class Run:
                 frame.defn.module, frame.defn.file.endswith("__init__.py"), stmt.level, stmt.module
             )
             if source == "vllm" or source.startswith("vllm."):
-                found = self.follower.resolve(source, alias.name)
-                return one_of(*(Def(d) for d in found)) if found else Unknown(alias.name)
+                return self.module_value(source, alias.name, depth=1)
             return Ext(f"{source}.{alias.name}")
         dotted = alias.name if alias.asname else alias.name.split(".")[0]
         if dotted == "vllm" or dotted.startswith("vllm."):
@@ -926,28 +939,38 @@ class Run:
             else:
                 found = None
             if found is False:
-                return Const(False, src=node)
+                return self._compared(node, Const(False, src=node))
             if found is None:
                 result = None
             left = right
-        return Const(True, src=node) if result else Unknown(f"`{_short(node)}` at {_where_text(frame, node)}")
+        return self._compared(
+            node, Const(True, src=node) if result else Unknown(f"`{_short(node)}` at {_where_text(frame, node)}")
+        )
+
+    def _compared(self, node: ast.Compare, value: V) -> V:
+        if not self._quiet:
+            found = self.compared.get(id(node))
+            self.compared[id(node)] = (node, value if found is None else one_of(found[1], value))
+        return value
 
     def _boolop(self, node: ast.BoolOp, st: _State, frame: _Frame) -> V:
+        """``a and b`` / ``a or b`` as Python gives it: the first operand that decides, else the last; an operand
+        whose truth is unknown may be the result too."""
         is_and = isinstance(node.op, ast.And)
         reach = st.reach
-        values: list[V] = []
+        possible: list[V] = []
+        value: V = NONE
         for operand in node.values:
             value = self.force(self._expr(operand, st.copy(reach), frame))
             if isinstance(value, Raises):
-                return value if reach is Reach.YES else one_of(*values, Unknown("raises"))
+                return value if reach is Reach.YES and not possible else one_of(*possible, Unknown("raises"))
             found = truth(value)
-            if found is (not is_and):  # `or` with a true operand, `and` with a false one: its value is the result
-                return one_of(*values, value) if values else value
-            values.append(value)
-            reach = reach.when(None if found is None else True)
-        if all(truth(v) is is_and for v in values):
-            return values[-1]
-        return one_of(*values)
+            if found is (not is_and):  # `or` with a true operand, `and` with a false one: it is the result
+                return one_of(*possible, value)
+            if found is None:
+                possible.append(value)
+                reach = reach.when(None)
+        return one_of(*possible, value) if possible and possible[-1] is not value else value
 
     # -- calls ---------------------------------------------------------------------------------------------
     def _call(self, node: ast.Call, st: _State, frame: _Frame) -> V:
@@ -1030,6 +1053,8 @@ class Run:
         if isinstance(callee, Thing):
             if callee.returns is not None:
                 return callee.returns
+            if callee.foreign:
+                return Unknown(f"{_short(node.func)}()")
             return self._unfollowed(f"{_short(node.func)}()", node, [callee, *args, *kwargs.values()], st, frame)
         if isinstance(callee, Inst):
             method = self.follower.method(callee.cls, "forward") or self.follower.method(callee.cls, "__call__")
@@ -1109,7 +1134,7 @@ class Run:
                 return found
         if name == "functools.partial" and args:
             return Partial(args[0], tuple(args[1:]))
-        return self._unfollowed(f"{_short(node.func)}()", node, [*args, *kwargs.values()], st, frame)
+        return Unknown(f"{_short(node.func)}()")  # another package's code: it does not run vLLM's
 
     def _builtin(
         self, name: str, node: ast.Call, args: list[V], kwargs: dict[str, V], st: _State, frame: _Frame

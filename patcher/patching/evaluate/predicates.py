@@ -25,6 +25,7 @@ from patch_dsv4.patching.evaluate.values import (
     V,
     is_none,
     options,
+    truth,
 )
 from patch_dsv4.patching.follow import Definition, Follower, calls_in
 from patch_dsv4.patching.patch import Context
@@ -145,8 +146,8 @@ def yields_as_they_arrive(ev: Evaluator, generator: Where, case: Case) -> bool:
 # -- calls and conditions ----------------------------------------------------------------------------------------
 @dataclass
 class Guard:
-    """Whether a sink call runs only in the cases it should: under each case, the sink calls reached (with their
-    reach) and the unknowns met."""
+    """Whether a sink call runs only in the cases it should: each case's run, with the sink calls it reached and
+    the unknowns it met."""
 
     runs: dict[Case, Run]
     allowed: tuple[Case, ...]
@@ -157,51 +158,35 @@ class Guard:
 
     @property
     def proven(self) -> bool:
-        """Reached in an allowed case, and in no forbidden one, with nothing unknown there."""
+        """Reached in an allowed case, in no forbidden one, and nothing unknown met in a forbidden one."""
         return (
             any(self.sites(c) for c in self.allowed)
             and not any(self.sites(c) for c in self.forbidden)
             and not any(unknowns(self.runs[c]) for c in self.forbidden)
         )
 
-    def deciding(self) -> ast.AST | None:
-        """The test that tells an allowed case from a forbidden one on the way to the sink: the comparison that
-        computed it where one did."""
+    def deciding(self, frames: list[Definition]) -> list[ast.Compare]:
+        """The comparisons made in ``frames`` whose value tells the first allowed case from the first forbidden
+        one (``wo_a.weight.dtype == torch.float8_e4m3fn``: true for FP8, false for BF16), in source order."""
         allowed, forbidden = self.runs[self.allowed[0]], self.runs[self.forbidden[0]]
-        for site in self.sites(self.allowed[0]):
-            frames = [site.where.defn, *(h.caller for h in reversed(site.where.path))]
-            for defn in frames:
-                for node in _tests(defn.node):
-                    a, f = allowed.reach_of(node), forbidden.reach_of(node)
-                    if a is not None and f is not None and a is not f:
-                        return node
-        return None
+        nodes = {id(n) for defn in frames for n in ast.walk(defn.node)}  # type: ignore[arg-type]
+        found = []
+        for key, (node, value) in allowed.compared.items():
+            other = forbidden.compared.get(key)
+            if key in nodes and other is not None and truth(value) is not None and truth(other[1]) is not None:
+                if truth(value) != truth(other[1]):
+                    found.append(node)
+        return sorted(found, key=lambda n: (n.lineno, n.col_offset))
 
-    def failure(self) -> str:
-        """Why the guard is not proven: a forbidden case reaching the sink (and the test that did not stop it),
-        an unknown, or no sink reached at all."""
-        for case in self.forbidden:
-            reached = self.sites(case)
-            if reached:
-                site = reached[0]
-                how = "may run" if site.reach is Reach.MAYBE else "runs"
-                return f"{site.where.names()} {how} {site.text.split('(')[0]} at line {site.where.line} for {case}"
-            found = unknowns(self.runs[case])
-            if found:
-                return found[0]
-        return "reached in no case"
+    def unknown_tests(self, case: Case, frames: list[Definition]) -> list[str]:
+        """The comparisons in ``frames`` whose value is unknown under ``case``."""
+        nodes = {id(n) for defn in frames for n in ast.walk(defn.node)}  # type: ignore[arg-type]
+        return [v.why for k, (_n, v) in self.runs[case].compared.items() if k in nodes and isinstance(v, Unknown)]
 
 
-def _tests(func: ast.AST | None) -> list[ast.AST]:
-    """The statements and expressions of a function whose reach a test decides: the arms of ``if``s and
-    conditional expressions, and what follows an early return."""
-    found: list[ast.AST] = []
-    for node in ast.walk(func) if func is not None else ():
-        if isinstance(node, ast.If):
-            found += node.body[:1] + node.orelse[:1]
-        elif isinstance(node, ast.IfExp):
-            found += [n for n in ast.walk(node.body) if isinstance(n, ast.Call)][:1]
-    return found
+def path_frames(site: Event) -> list[Definition]:
+    """The functions on the way to a site, the site's own first."""
+    return [site.where.defn, *(h.caller for h in reversed(site.where.path))]
 
 
 def guarded_by(
@@ -215,18 +200,13 @@ def guarded_by(
 ) -> Guard:
     """Run ``start`` under each case: the sink must be reached in the ``allowed`` ones only."""
     runs = {}
+    binding = tuple(sorted((bind or {}).items()))
     for case in (*allowed, *forbidden):
-        key = ("guarded_by", id(start.node), case, tuple(sorted((bind or {}).items())), sink)
+        key = ("guarded_by", id(start.node), case, binding, sink, self_value)
         runs[case] = ev.ctx.memo(
             key, lambda case=case: ev.run(start, case, bind=bind, self_value=self_value, sink=sink)
         )
     return Guard(runs, allowed, forbidden)  # type: ignore[arg-type]
-
-
-def test_text(run: Run, node: ast.AST) -> str:
-    """The text of a test, the comparison that computed it where one did (``use_fp8`` -> ``wo_a.weight.dtype ==
-    torch.float8_e4m3fn``)."""
-    return ast.unparse(node)
 
 
 def reaches_call(ev: Evaluator, start: Definition, self_class: Definition, name: str, depth: int = 2):
@@ -333,7 +313,7 @@ __all__ = [
     "passes_over",
     "reaches_call",
     "settings_read",
-    "test_text",
+    "path_frames",
     "unknowns",
     "value_at_exit",
     "yields_as_they_arrive",

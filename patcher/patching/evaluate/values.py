@@ -89,20 +89,22 @@ class Repeated(V):
 @dataclass(frozen=True)
 class Thing(V):
     """An object a case describes (``wo_a`` of an FP8 checkpoint, the model's config): its known attributes; a
-    ``closed`` one has no other. ``truth`` is its truth value where known, ``returns`` what calling it gives."""
+    ``closed`` one has no other. ``truth`` is its truth value where known, ``returns`` what calling it gives. A
+    ``foreign`` one is another package's object (a tensor): its methods never run vLLM's code."""
 
     what: str
     attrs: tuple[tuple[str, V], ...] = ()
     closed: bool = False
     truth: bool | None = None
     returns: V | None = None
+    foreign: bool = False
     tracked = True
 
     def attr(self, name: str) -> V:
         for key, value in self.attrs:
             if key == name:
                 return value
-        return MISSING if self.closed else Thing(f"{self.what}.{name}")
+        return MISSING if self.closed else Thing(f"{self.what}.{name}", foreign=self.foreign)
 
 
 @dataclass(frozen=True)
