@@ -404,13 +404,16 @@ class Follower:
                         return None
         return f"builtins.{name}" if name in _BUILTINS else None
 
+    def is_dataclass(self, cls: Definition) -> bool:
+        """Whether ``cls`` is a dataclass: its fields are the arguments that build it."""
+        return any(_is_dataclass_node(owner.node) for owner in self.mro(cls))
+
     def dataclass_default(self, cls: Definition, name: str) -> ast.expr | None:
         """The default of field ``name`` of a dataclass (the class or a base): ``x: T = value`` gives ``value``,
         ``field(default=v)`` ``v``, ``field(default_factory=f)`` the call ``f()``; None when there is none."""
         for owner in self.mro(cls):
             node = owner.node
-            decorators = [ast.unparse(d).split("(")[0].rsplit(".", 1)[-1] for d in node.decorator_list]
-            if "dataclass" not in decorators:
+            if not _is_dataclass_node(node):
                 continue
             for stmt in node.body:
                 if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and stmt.target.id == name:
@@ -579,6 +582,11 @@ class Follower:
                         continue
                     seen.add((key, id(call)))
                     queue.append(Path(path.start, (*path.hops, Hop(frame, call, callee))))
+
+
+def _is_dataclass_node(node: ast.AST | None) -> bool:
+    decorators = getattr(node, "decorator_list", [])
+    return "dataclass" in [ast.unparse(d).split("(")[0].rsplit(".", 1)[-1] for d in decorators]
 
 
 def _is_self_attribute(target: ast.expr, attr: str) -> bool:

@@ -50,7 +50,8 @@ Predicates (``predicates``)
     ``flows_into(ev, start, param, sink)``          where the weights go, and in what state
     ``yields_as_they_arrive(ev, generator, case)``  a generator yields the case's item before taking the next
     ``guarded_by(ev, start, sink, allowed, forbidden, bind)``  a sink reached in the allowed cases only
-    ``creates(ev, cls, "gate.bias_vl", case)``       what ``__init__`` leaves in an attribute
+    ``creates(ev, cls, "gate.bias_vl", case)``       what ``__init__`` leaves in an attribute (a parameter?)
+    ``attribute_value(ev, cls, name, case)``        ``self.<name>`` once built (``__init__``, else the class's)
     ``passes_over(ev, start, param, case)``         a loader's loop skips the case's item
     ``value_at_exit(ev, start, name, case)``, ``settings_read(ev, start)``, ``reaches_call(...)``
 
@@ -63,6 +64,7 @@ from patch_dsv4.patching.evaluate.predicates import (
     Evaluator,
     Flow,
     Guard,
+    attribute_value,
     creates,
     flows_into,
     guarded_by,
@@ -80,6 +82,7 @@ __all__ = [
     "Evaluator",
     "Flow",
     "Guard",
+    "attribute_value",
     "cases",
     "creates",
     "flows_into",

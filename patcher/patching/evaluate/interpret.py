@@ -754,7 +754,24 @@ class Run:
         found = self.follower.instances_of_attribute(inst.cls, attr)
         if found:
             return one_of(*(Inst(v.defn, made=v.made) for v in found))
-        return Unknown(f"{inst.cls.qualname}.{attr}")
+        return self.class_value(inst.cls, attr) or Unknown(f"{inst.cls.qualname}.{attr}")
+
+    def class_value(self, cls: Definition, name: str) -> V | None:
+        """A class attribute (``hf_to_vllm_mapper = make_mapper("fp4")``), evaluated in its module; None where no
+        class of the MRO assigns it."""
+        for owner in self.follower.mro(cls):
+            for stmt in owner.node.body:  # type: ignore[union-attr]
+                if isinstance(stmt, (ast.Assign, ast.AnnAssign)) and stmt.value is not None:
+                    targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+                    if any(isinstance(t, ast.Name) and t.id == name for t in targets):
+                        frame = _Frame(
+                            Definition("module", owner.module, owner.file, owner.module, None),
+                            ast.Lambda(),
+                            (),
+                            self.max_depth,
+                        )
+                        return self.force(self._expr(stmt.value, _State({}, Reach.YES), frame))
+        return None
 
     def _subscript(self, base: V, index: V, st: _State, frame: _Frame, node: ast.AST) -> V:
         base, index = self.force(base), self.force(index)
@@ -1079,6 +1096,9 @@ class Run:
                         frame,
                         node,
                     )
+                if self.follower.is_dataclass(defn):  # its fields are the arguments given
+                    fields = tuple((k, v) for k, v in kwargs.items() if k != "**")
+                    return Inst(defn, fields, made=node)
                 return Inst(defn, made=node)
             if defn.kind != "function":
                 return Unknown(_short(node))

@@ -14,6 +14,7 @@ from patch_dsv4.patching.evaluate.cases import ANY, Case
 from patch_dsv4.patching.evaluate.interpret import Event, Run, Sink, Where, is_generator
 from patch_dsv4.patching.evaluate.values import (
     NONE,
+    UNSET,
     Const,
     Inst,
     Made,
@@ -24,6 +25,7 @@ from patch_dsv4.patching.evaluate.values import (
     Unknown,
     V,
     is_none,
+    one_of,
     options,
     truth,
 )
@@ -254,6 +256,16 @@ def creates(ev: Evaluator, cls: Definition, attr: str, case: Case, what: Callabl
     return Created(reach, value, case)
 
 
+def attribute_value(ev: Evaluator, cls: Definition, name: str, case: Case = ANY) -> V:
+    """What ``self.<name>`` holds once an instance of ``cls`` is built under ``case``: what ``__init__`` (and what
+    it calls) leaves there, else the class attribute (evaluated: a factory's result is run)."""
+    init = ev.follower.method(cls, "__init__")
+    run = ev.ctx.memo(("creates", id(cls.node), case), lambda: ev.run(init, case, self_value=Inst(cls, watched=True)))
+    written = run.force(run.exit.get(f"self.{name}", UNSET)) if init is not None else UNSET  # type: ignore[union-attr]
+    default = run.class_value(cls, name) or Unknown(f"{cls.qualname}.{name}")  # type: ignore[union-attr]
+    return one_of(*(default if o == UNSET else o for o in options(written)))
+
+
 def is_module(value: V) -> bool:
     """An instance of a vLLM class (a module), not None."""
     return isinstance(value, Inst)
@@ -304,6 +316,7 @@ __all__ = [
     "Flow",
     "Guard",
     "Raises",
+    "attribute_value",
     "creates",
     "flows_into",
     "guarded_by",

@@ -80,9 +80,11 @@ SETTINGS_MODULES = frozenset({"vllm.envs"})
 SETTINGS_CALLS = frozenset({"os.getenv", "os.environ.get"})
 SETTINGS_MAPPINGS = frozenset({"os.environ"})
 
-#: Objects another package builds, kept as what they are (``Made``): parameters and CUDA streams.
+#: Objects another package builds, kept as what they are (``Made``): parameters and CUDA streams (``nn`` and
+#: ``torch`` unbound: a snippet that leaves its imports out).
 BUILDERS = {
     "torch.nn.Parameter": "torch.nn.Parameter",
     "torch.nn.parameter.Parameter": "torch.nn.Parameter",
+    "nn.Parameter": "torch.nn.Parameter",
     "torch.cuda.Stream": "torch.cuda.Stream",
 }
