@@ -122,7 +122,7 @@ def _patch_dsv4_bf16_o_proj(layer, o, positions):
 FP8_GEMM = "fp8_einsum"
 
 
-def _is_fp8_gemm(call: ast.Call, _callee, _args) -> bool:
+def _is_fp8_gemm(call: ast.Call, _args) -> bool:
     return ast.unparse(call.func).rsplit(".", 1)[-1] == FP8_GEMM
 
 

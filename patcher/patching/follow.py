@@ -386,6 +386,11 @@ class Follower:
         """The dotted origin of ``name`` where an import of another package binds it (``torch``, ``torch.nn``,
         ``itertools.chain``), in ``func`` or at module level of ``module``; ``builtins.<name>`` for a builtin;
         None where vLLM's own code or nothing binds it."""
+        if func is None:
+            return self.ctx.memo(("external", module, name), lambda: self._external(module, name, None))  # type: ignore
+        return self._external(module, name, func)
+
+    def _external(self, module: str, name: str, func: FunctionNode | None) -> str | None:
         scopes = [list(_function_statements(func))] if func is not None else []
         file = self.module_file(module)
         tree = self.ctx.ast(file) if file else None
@@ -405,8 +410,8 @@ class Follower:
         return f"builtins.{name}" if name in _BUILTINS else None
 
     def is_dataclass(self, cls: Definition) -> bool:
-        """Whether ``cls`` is a dataclass: its fields are the arguments that build it."""
-        return any(_is_dataclass_node(owner.node) for owner in self.mro(cls))
+        """Whether ``cls`` is declared a dataclass: its fields are the arguments that build it."""
+        return _is_dataclass_node(cls.node)
 
     def dataclass_default(self, cls: Definition, name: str) -> ast.expr | None:
         """The default of field ``name`` of a dataclass (the class or a base): ``x: T = value`` gives ``value``,

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from patch_dsv4.patching.evaluate import tables
 from patch_dsv4.patching.evaluate.cases import ANY, Case
+from patch_dsv4.patching.evaluate.focus import focus as focus_on
 from patch_dsv4.patching.evaluate.values import (
     MISSING,
     NONE,
@@ -43,12 +44,13 @@ from patch_dsv4.patching.evaluate.values import (
     options,
     truth,
 )
+from patch_dsv4.patching.follow import _BUILTINS as _BUILTIN_NAMES
 from patch_dsv4.patching.follow import Definition, Follower, _function_statements, _parameters
 
 FunctionNode = ast.FunctionDef | ast.AsyncFunctionDef
-#: A question's sink: given the call, what is called and its arguments, whether the call is where the tracked value
-#: is meant to go (the loader, the FP8 GEMM, a quant method's ``apply``); sinks are recorded, never followed.
-Sink = Callable[[ast.Call, V, list[V]], bool]
+#: A question's sink: given the call and its arguments, whether the call is where the tracked value is meant to go
+#: (the loader, the FP8 GEMM, a quant method's ``apply``); sinks are recorded, never followed.
+Sink = Callable[[ast.Call, list[V]], bool]
 _STR_METHODS = frozenset(
     {
         "startswith",
@@ -103,6 +105,17 @@ class Pending(V):
 
     defn: Definition
     bound: V | None
+    args: tuple[V, ...]
+    kwargs: tuple[tuple[str, V], ...]
+
+
+@dataclass(frozen=True)
+class Deferred(V):
+    """A call of a module-level function whose arguments carry nothing tracked: the callee is resolved (its module
+    read) only when something reads the result."""
+
+    node: ast.Call
+    defn: Definition  # the function the call is in
     args: tuple[V, ...]
     kwargs: tuple[tuple[str, V], ...]
 
@@ -177,6 +190,9 @@ class _Frame:
     generator: bool = False
     out: list[Stream] = field(default_factory=list)  # what a generator yields of the weights
     item: V | None = None  # the case's first item, for the first loop over the weights
+    wanted: frozenset[str] | None = None  # what the question reads of this frame (None: everything)
+    touch_only: frozenset[int] = frozenset()  # statements run only for what their calls may write
+    statement: ast.stmt | None = None  # the statement being run
     consumed: bool = False  # a loop took every item of the weights without yielding
 
 
@@ -185,7 +201,11 @@ def _where_text(frame: _Frame, node: ast.AST) -> str:
 
 
 def _short(node: ast.AST, limit: int = 60) -> str:
-    text = ast.unparse(node)
+    """The node's source, cut to ``limit`` (kept on the node: the parsed trees are shared and never changed)."""
+    text = node.__dict__.get("_patch_dsv4_text")
+    if text is None:
+        text = ast.unparse(node)
+        node._patch_dsv4_text = text  # type: ignore[attr-defined]
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
@@ -219,6 +239,7 @@ class Run:
         max_depth: int = 6,
         budget: int = 300,
         cache: dict | None = None,
+        lazy: bool = False,
     ) -> None:
         self.follower = follower
         self.case = case
@@ -228,8 +249,9 @@ class Run:
         self.events: list[Event] = []
         self.followed: list[Where] = []
         self._reach: dict[int, Reach] = {}
-        self._module_values: dict[tuple[str, str], V] = {}
         self._cache = cache if cache is not None else {}
+        self.lazy = lazy  # results of calls that carry nothing tracked stay unevaluated unless forced at the end
+        self._module_values: dict[tuple[str, str], V] = self._cache.setdefault("module values", {})
         self._quiet = 0
         self.result: V = NONE
         self.exit: dict[str, V] = {}
@@ -246,10 +268,12 @@ class Run:
         bind: dict[str, str] | None = None,
         self_value: V | None = None,
         given: dict[str, V] | None = None,
+        focus: set[str] | None = None,
     ) -> Run:
         """Execute ``defn``; its parameters take the case's roles of their names (or the values ``given``),
         ``bind`` maps more of its expressions (``self.wo_a``) to roles; ``self`` is ``self_value`` (default: an
-        instance of its class)."""
+        instance of its class). With ``focus`` (names and attribute paths, ``self.gate.bias_vl``), only the
+        statements that may change them run (:mod:`~patch_dsv4.patching.evaluate.focus`)."""
         node = defn.node
         params = _parameters(node) + [a.arg for a in node.args.kwonlyargs]  # type: ignore[union-attr]
         env: dict[str, V] = {}
@@ -270,7 +294,9 @@ class Run:
         frame = _Frame(defn, node, (), 0, self_class=_class_of(env.get(first)) if first else None)  # type: ignore[arg-type]
         frame.generator = is_generator(node)
         frame.item = self.case.item
-        state = self._block(node.body, _State(env, Reach.YES), frame)  # type: ignore[union-attr]
+        frame.wanted = frozenset(focus) if focus is not None else None
+        body, frame.touch_only = self._body(defn, node, frame.wanted, frame.self_class)
+        state = self._block(body, _State(env, Reach.YES), frame)
         self.result, self.exit = self._finish(frame, state)
         return self
 
@@ -283,6 +309,55 @@ class Run:
             return role
         return one_of(*(Inst(v.defn, role.attrs, v.made) for v in found))
 
+    def _body(
+        self, defn: Definition, func, wanted: frozenset[str] | None, self_class: Definition | None, returns=True
+    ) -> tuple[list[ast.stmt], frozenset[int]]:
+        """The statements of ``func`` to run (all of them, or those that may change ``wanted``, and its returns
+        where its result is read), and those kept only for what their calls may write."""
+        if wanted is None or isinstance(func, ast.Lambda) or func is None:
+            return getattr(func, "body", []), frozenset()
+        key = ("focus", id(func), wanted, id(self_class.node) if self_class is not None else None, returns)
+        found = self._cache.get(key)
+        if found is None:
+            found = self._cache[key] = focus_on(
+                func, set(wanted), returns=returns, may_write=self._may_write(defn, self_class)
+            )
+        return found.body, found.touch_only
+
+    def _may_write(self, defn: Definition, self_class: Definition | None):
+        """For the slice of ``defn``: whether a method of ``self`` (or ``super()``'s) it calls may write the
+        wanted paths, from that method's own slice (nothing it writes is wanted: its call is not run)."""
+        first = _first_param(defn.node)
+
+        def check(call: ast.Call, wanted: frozenset[str]) -> bool:
+            func = call.func
+            if self_class is None or first is None or not isinstance(func, ast.Attribute):
+                return True
+            if isinstance(func.value, ast.Call):
+                owner = defn.owner
+                method = self.follower.super_method(owner, self_class, func.attr) if owner is not None else None
+            else:
+                method = self.follower.method(self_class, func.attr)
+            callee_first = _first_param(method.node) if method is not None else None
+            if method is None or callee_first is None:
+                return True
+            translated = frozenset(
+                callee_first + w[len(first) :] for w in wanted if w == first or w.startswith(first + ".")
+            )
+            key = ("may write", id(method.node), translated, id(self_class.node))
+            if key not in self._cache:
+                self._cache[key] = True  # a cycle: it may
+                found = focus_on(
+                    method.node,  # type: ignore[arg-type]
+                    set(translated),
+                    returns=False,
+                    may_write=self._may_write(method, self_class),
+                )
+                self._cache[key] = bool(found.body)
+            return self._cache[key]
+
+        return check
+
     def reach_of(self, node: ast.AST) -> Reach | None:
         """Whether the statement or call ``node`` runs (None: the run never came to it)."""
         return self._reach.get(id(node))
@@ -290,12 +365,19 @@ class Run:
     def of(self, kind: str) -> list[Event]:
         return [e for e in self.events if e.kind == kind]
 
-    def force(self, value: V) -> V:
-        """``value`` with every pending call evaluated."""
+    def force(self, value: V, final: bool = False) -> V:
+        """``value`` with every pending call evaluated (in a lazy run, only where ``final``: a question's last
+        read; elsewhere such a result is unknown)."""
+        if self.lazy and not final:
+            return value
         if isinstance(value, Pending):
             return self._resolve(value)
-        if isinstance(value, OneOf) and any(isinstance(o, Pending) for o in value.options):
-            return one_of(*(self.force(o) for o in value.options))
+        if isinstance(value, Deferred):
+            return self._resolve_deferred(value)
+        if isinstance(value, OneOf) and any(isinstance(o, (Pending, Deferred, Seq)) for o in value.options):
+            return one_of(*(self.force(o, final) for o in value.options))
+        if isinstance(value, Seq) and any(isinstance(i, (Pending, Deferred, OneOf)) for i in value.items):
+            return Seq(value.kind, tuple(self.force(i, final) for i in value.items))
         return value
 
     # -- events --------------------------------------------------------------------------------------------
@@ -314,6 +396,7 @@ class Run:
             self._mark(stmt, state.reach)
             if state.reach is Reach.NO:
                 continue  # not executed; its calls stay unmarked unless a run reaches them
+            frame.statement = stmt
             state = self._statement(stmt, state, frame)
         return state
 
@@ -657,11 +740,11 @@ class Run:
     def _module_binding(self, module: str, name: str, depth: int) -> V | None:
         """``name`` bound at module level by an assignment (evaluated there: a constant, an instance) or by an
         import from another vLLM module (followed there); None where neither binds it."""
-        from patch_dsv4.patching.follow import _blocks, absolute_module
+        from patch_dsv4.patching.follow import absolute_module
 
         file = self.follower.module_file(module)
         tree = self.follower.ctx.ast(file) if file else None
-        for stmt in _blocks(tree.body) if tree is not None and depth < 8 else ():
+        for stmt in _module_bindings(tree).get(name, ()) if tree is not None and depth < 8 else ():
             if isinstance(stmt, (ast.Assign, ast.AnnAssign)) and stmt.value is not None:
                 targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
                 if any(isinstance(t, ast.Name) and t.id == name for t in targets):
@@ -671,8 +754,14 @@ class Run:
                 for alias in stmt.names:
                     if (alias.asname or alias.name) == name:
                         source = absolute_module(module, file.endswith("__init__.py"), stmt.level, stmt.module)
+                        if f"{source}.{alias.name}" in tables.SETTINGS_MODULES:
+                            return Def(Definition("module", f"{source}.{alias.name}", "", alias.name, None))
                         if source == "vllm" or source.startswith("vllm."):
                             return self.module_value(source, alias.name, depth=depth + 1)
+            if isinstance(stmt, ast.Import):
+                for alias in stmt.names:
+                    if alias.asname == name and alias.name in tables.SETTINGS_MODULES:
+                        return Def(Definition("module", alias.name, "", alias.name, None))
         return None
 
     def _imported(self, stmt: ast.Import | ast.ImportFrom, alias: ast.alias, frame: _Frame) -> V:
@@ -706,6 +795,9 @@ class Run:
                 else value
             )
         if isinstance(base, Ext):
+            if base.name in tables.SETTINGS_UNBOUND:
+                self.settings_read[attr] = True
+                return self.case.setting(Setting(attr))
             return Ext(f"{base.name}.{attr}")
         if isinstance(base, Def):
             defn = base.defn
@@ -720,21 +812,26 @@ class Run:
                 return Def(method) if method is not None else Unknown(f"{defn.qualname}.{attr}")
             return Unknown(f"{defn.qualname}.{attr}")
         if isinstance(base, Inst):
-            known = base.known(attr)
-            if known is not None:
-                if known is MISSING:
-                    return Raises(
-                        f"{_short(node)} reads {attr}, which the {base.cls.qualname} lacks, at "
-                        f"{_where_text(frame, node)}"
-                    )
-                return known
-            method = self.follower.method(base.cls, attr)
-            if method is not None:
-                return Def(method, bound=base)
-            return self._instance_attribute(base, attr)
+            if base.watched:  # what a watched object holds is watched too (a method may write on self.gate)
+                return _watched(self._instance_value(base, attr, frame, node))
+            return self._instance_value(base, attr, frame, node)
         if isinstance(base, (Const, Seq, Stream, Made, Repeated, Setting, Unknown, Bound, Partial, Closure)):
             return Bound(base, attr)
         return Unknown(f"{_short(node)}")
+
+    def _instance_value(self, base: Inst, attr: str, frame: _Frame, node: ast.AST) -> V:
+        """An attribute of an instance: what is known it holds, its method (bound), else what it is built with."""
+        known = base.known(attr)
+        if known is not None:
+            if known is MISSING:
+                return Raises(
+                    f"{_short(node)} reads {attr}, which the {base.cls.qualname} lacks, at {_where_text(frame, node)}"
+                )
+            return known
+        method = self.follower.method(base.cls, attr)
+        if method is not None:
+            return Def(method, bound=base)
+        return self._instance_attribute(base, attr)
 
     def _instance_attribute(self, inst: Inst, attr: str) -> V:
         """An attribute of an instance: a dataclass field's default where the call that built it passed none, or
@@ -945,6 +1042,16 @@ class Run:
             elif isinstance(op, (ast.Is, ast.IsNot)):
                 found = identical(left, right)
                 found = found if found is None or isinstance(op, ast.Is) else not found
+            elif (
+                isinstance(op, (ast.In, ast.NotIn))
+                and isinstance(right, Ext)
+                and isinstance(left, Const)
+                and (right.name in tables.SETTINGS_MAPPINGS)
+            ):
+                self.settings_read[str(left.value)] = False
+                value = self.case.setting(Setting(str(left.value)))
+                found = None if isinstance(value, Setting) else value != NONE
+                found = found if found is None or isinstance(op, ast.In) else not found
             elif isinstance(op, (ast.In, ast.NotIn)):
                 found = contains(right, left)
                 found = found if found is None or isinstance(op, ast.In) else not found
@@ -992,9 +1099,10 @@ class Run:
     # -- calls ---------------------------------------------------------------------------------------------
     def _call(self, node: ast.Call, st: _State, frame: _Frame) -> V:
         self._mark(node, st.reach)
-        if isinstance(node.func, ast.Name) and node.func.id == "super" and not node.args:
-            return _Super(frame.defn, st.env.get(_first_param(frame.node)), frame.self_class)
         func = node.func
+        if isinstance(func, ast.Name) and func.id == "super" and not node.args:
+            return _Super(frame.defn, st.env.get(_first_param(frame.node)), frame.self_class)
+        callee: V | None = None
         if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Call):
             inner = func.value
             if isinstance(inner.func, ast.Name) and inner.func.id == "super" and not inner.args:
@@ -1002,10 +1110,46 @@ class Run:
                 receiver = st.env.get(_first_param(frame.node))
                 owner = frame.defn.owner
                 method = self.follower.super_method(owner, frame.self_class, func.attr) if owner is not None else None
-                callee: V = Def(method, bound=receiver) if method is not None else Unknown(f"super().{func.attr}")
-                return self._dispatch(callee, node, st, frame)
-        callee = self.force(self._expr(func, st, frame))
-        return self._dispatch(callee, node, st, frame)
+                callee = Def(method, bound=receiver) if method is not None else Unknown(f"super().{func.attr}")
+        args, kwargs = self._arguments(node, st, frame)
+        everything = [*args, *kwargs.values()]
+        if isinstance(func, ast.Attribute) and func.attr in _REGISTERS and args and isinstance(args[0], Const):
+            path = self._path(func.value, st)  # x.register_parameter("a", value): x.a
+            if path is not None and len(args) > 1:
+                self._write(f"{path}.{args[0].value}", args[1], st)
+                return NONE
+        if self.sink is not None and not self._quiet and self.sink(node, everything):
+            self._event("sink", _short(node), st.reach, frame, node, Seq("arguments", tuple(everything)))
+            return Unknown(f"{_short(node.func)}()")
+        if callee is None:
+            if not self._quiet and not any(v.tracked for v in everything) and self._static(func, st, frame):
+                return Deferred(node, frame.defn, tuple(args), tuple(sorted(kwargs.items())))
+            callee = self.force(self._expr(func, st, frame))
+        if isinstance(callee, Raises):
+            return callee
+        if isinstance(callee, OneOf):
+            return one_of(*(self._dispatch_one(o, node, args, kwargs, st, frame) for o in callee.options))
+        return self._dispatch_one(callee, node, args, kwargs, st, frame)
+
+    def _static(self, func: ast.expr, st: _State, frame: _Frame) -> bool:
+        """Whether ``func`` names a module-level object (not a local, not a builtin): its module need not be read
+        before the result is."""
+        if isinstance(func, ast.Attribute):
+            return self._static(func.value, st, frame)
+        return (
+            isinstance(func, ast.Name)
+            and func.id not in st.env
+            and func.id not in frame.outer
+            and func.id not in _BUILTIN_NAMES
+            and self.follower.external(frame.defn.module, func.id) is None  # another package's: cheap to read now
+            and self._bound_in(frame.defn.module, func.id)  # bound nowhere: another package's too
+        )
+
+    def _bound_in(self, module: str, name: str) -> bool:
+        """Whether module-level code of ``module`` binds ``name`` (an import, an assignment, a def or a class)."""
+        file = self.follower.module_file(module)
+        tree = self.follower.ctx.ast(file) if file else None
+        return tree is not None and name in _module_bindings(tree)
 
     def _arguments(self, node: ast.Call, st: _State, frame: _Frame) -> tuple[list[V], dict[str, V]]:
         args: list[V] = []
@@ -1044,18 +1188,6 @@ class Run:
             else:
                 kwargs[keyword.arg] = value
         return args, kwargs
-
-    def _dispatch(self, callee: V, node: ast.Call, st: _State, frame: _Frame) -> V:  # noqa: C901
-        args, kwargs = self._arguments(node, st, frame)
-        everything = [*args, *kwargs.values()]
-        if self.sink is not None and not self._quiet and self.sink(node, callee, everything):
-            self._event("sink", _short(node), st.reach, frame, node, Seq("arguments", tuple(everything)))
-            return Unknown(f"{_short(node.func)}()")
-        if isinstance(callee, Raises):
-            return callee
-        if isinstance(callee, OneOf):
-            return one_of(*(self._dispatch_one(o, node, args, kwargs, st, frame) for o in callee.options))
-        return self._dispatch_one(callee, node, args, kwargs, st, frame)
 
     def _dispatch_one(
         self, callee: V, node: ast.Call, args: list[V], kwargs: dict[str, V], st: _State, frame: _Frame
@@ -1115,7 +1247,6 @@ class Run:
         return Unknown(text)
 
     def _external(self, name: str, node: ast.Call, args: list[V], kwargs: dict[str, V], st: _State, frame: _Frame) -> V:  # noqa: C901
-        args = [self.force(a) for a in args]
         streams = [o for a in (*args, *kwargs.values()) for o in options(a) if isinstance(o, Stream)]
         if streams:
             effect = tables.ITERATORS.get(name)
@@ -1143,12 +1274,14 @@ class Run:
             return Stream("unknown", via)
         if name in tables.BUILDERS:
             return Made(tables.BUILDERS[name], _where_text(frame, node))
-        if name in tables.SETTINGS_CALLS and args and isinstance(args[0], Const):
+        if name in tables.SETTINGS_CALLS and args and isinstance(self.force(args[0]), Const):
+            args = [self.force(a) for a in args]
             self.settings_read[str(args[0].value)] = False
             default = args[1] if len(args) > 1 else kwargs.get("default", NONE)
             return self.case.setting(Setting(str(args[0].value), default))
         short = name.removeprefix("builtins.")
-        if name.startswith("builtins."):
+        if name.startswith("builtins."):  # builtins read their arguments: evaluate what they were handed
+            args = [self.force(a) for a in args]
             found = self._builtin(short, node, args, kwargs, st, frame)
             if found is not None:
                 return found
@@ -1339,6 +1472,13 @@ class Run:
             return Pending(defn, bound, tuple(args), tuple(sorted(kwargs.items())))
         if frame.depth >= self.max_depth or self.budget <= 0:
             return self._unfollowed(f"{_short(node.func)}() (not followed further)", node, carried, st, frame)
+        if (
+            frame.wanted is not None
+            and frame.depth >= 1
+            and frame.statement is not None
+            and (id(frame.statement) in frame.touch_only and not self._on_self(node, frame))
+        ):  # a value question follows helpers handed the object one call deep, methods of self all the way
+            return Unknown(f"{_short(node.func)}()")
         self.budget -= 1
         hop = Hop(frame.defn, node, defn)
         if not self._quiet:
@@ -1355,7 +1495,16 @@ class Run:
         callee.generator = is_generator(func)
         callee.item = frame.item
         env = self._bind(func, defn, bound, node, args, kwargs, st, callee, frame)
-        end = self._block(func.body, _State(env, st.reach), callee) if not isinstance(func, ast.Lambda) else None
+        if frame.wanted is not None:  # what the caller reads through what it handed over (and what it returns)
+            callee.wanted = frozenset(
+                param + path[len(outer) :]
+                for param, outer in callee.caller_paths.items()
+                for path in frame.wanted
+                if path == outer or path.startswith(outer + ".")
+            )
+        returns = frame.statement is None or id(frame.statement) not in frame.touch_only
+        body, callee.touch_only = self._body(defn, func, callee.wanted, callee.self_class, returns)
+        end = self._block(body, _State(env, st.reach), callee) if not isinstance(func, ast.Lambda) else None
         if isinstance(func, ast.Lambda):
             value = self._expr(func.body, _State(env, st.reach), callee)
             return value
@@ -1363,6 +1512,16 @@ class Run:
         frame.item = callee.item
         self._write_back(callee, exit_env, st)
         return result
+
+    @staticmethod
+    def _on_self(node: ast.Call, frame: _Frame) -> bool:
+        """``self.m(...)`` or ``super().m(...)`` in a method."""
+        func = node.func
+        if not isinstance(func, ast.Attribute):
+            return False
+        if isinstance(func.value, ast.Call) and isinstance(func.value.func, ast.Name):
+            return func.value.func.id == "super"
+        return isinstance(func.value, ast.Name) and func.value.id == _first_param(frame.node)
 
     def _bind(
         self,
@@ -1461,6 +1620,30 @@ class Run:
                 continue
             self._write(f"{callee.caller_paths[head]}.{rest}", value, st)
 
+    def _resolve_deferred(self, deferred: Deferred) -> V:
+        key = ("deferred", id(deferred.node), deferred.args, deferred.kwargs, self.case)
+        if key in self._cache:
+            return self._cache[key]
+        self._cache[key] = Unknown(f"{_short(deferred.node)} (recursive)")
+        self._quiet += 1
+        try:
+            frame = _Frame(deferred.defn, deferred.defn.node or ast.Lambda(), (), self.max_depth - 2)  # type: ignore
+            frame.wanted = frozenset()  # only its result is read
+            state = _State({}, Reach.YES)
+            callee = self.force(self._expr(deferred.node.func, state, frame))
+            args, kwargs = list(deferred.args), dict(deferred.kwargs)
+            if isinstance(callee, OneOf):
+                result = one_of(
+                    *(self._dispatch_one(o, deferred.node, args, kwargs, state, frame) for o in callee.options)
+                )
+            else:
+                result = self._dispatch_one(callee, deferred.node, args, kwargs, state, frame)
+            result = self.force(result)
+        finally:
+            self._quiet -= 1
+        self._cache[key] = result
+        return result
+
     def _resolve(self, pending: Pending) -> V:
         key = (id(pending.defn.node), pending.bound, pending.args, pending.kwargs, self.case)
         if key in self._cache:
@@ -1485,7 +1668,9 @@ class Run:
                 _State({}, Reach.YES),
                 callee,
             )
-            end = self._block(pending.defn.node.body, _State(env, Reach.YES), callee)  # type: ignore[union-attr]
+            # only its result is read: the statements that lead to its returns
+            body, _ = self._body(pending.defn, pending.defn.node, frozenset(), callee.self_class)
+            end = self._block(body, _State(env, Reach.YES), callee)
             result, _ = self._finish(callee, end)
         finally:
             self._quiet -= 1
@@ -1507,6 +1692,36 @@ class _Star(V):
     value: V
 
 
+def _watched(value: V) -> V:
+    if isinstance(value, Inst) and not value.watched:
+        return Inst(value.cls, value.attrs, value.made, True)
+    if isinstance(value, OneOf):
+        return one_of(*(_watched(o) for o in value.options))
+    return value
+
+
+def _module_bindings(tree: ast.Module) -> dict[str, list[ast.stmt]]:
+    """The module-level statements (under if/try too) that assign or import each name, once per tree."""
+    from patch_dsv4.patching.follow import _blocks
+
+    found = tree.__dict__.get("_patch_dsv4_bindings")
+    if found is None:
+        found = {}
+        for stmt in _blocks(tree.body):
+            names: list[str] = []
+            if isinstance(stmt, (ast.Assign, ast.AnnAssign)):
+                targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+                names = [t.id for t in targets if isinstance(t, ast.Name)]
+            elif isinstance(stmt, (ast.Import, ast.ImportFrom)):
+                names = [a.asname or a.name.split(".")[0] for a in stmt.names]
+            elif isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names = [stmt.name]
+            for name in names:
+                found.setdefault(name, []).append(stmt)
+        tree._patch_dsv4_bindings = found  # type: ignore[attr-defined]
+    return found
+
+
 def _first_param(func: ast.AST) -> str | None:
     params = _parameters(func)
     return params[0] if params else None
@@ -1517,6 +1732,9 @@ def _class_of(value: V | None) -> Definition | None:
         return value.cls
     return None
 
+
+#: ``x.register_parameter("a", value)`` and its kin make ``x.a``.
+_REGISTERS = frozenset({"register_parameter", "register_buffer", "register_module", "add_module"})
 
 _OPERATORS = {
     ast.Add: lambda a, b: a + b,

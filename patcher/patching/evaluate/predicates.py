@@ -59,10 +59,13 @@ class Evaluator:
         self_value: V | None = None,
         given: dict[str, V] | None = None,
         sink: Sink | None = None,
+        focus: set[str] | None = None,
+        lazy: bool = False,
     ) -> Run:
-        """``defn`` executed under ``case`` (see :class:`Run`)."""
-        run = Run(self.follower, case, sink, cache=self._cache)
-        return run.start(defn, bind=bind, self_value=self_value, given=given)
+        """``defn`` executed under ``case`` (see :class:`Run`); with ``focus``, only what may change those names
+        and attribute paths; ``lazy``, without evaluating helpers whose results only tests read."""
+        run = Run(self.follower, case, sink, cache=self._cache, lazy=lazy)
+        return run.start(defn, bind=bind, self_value=self_value, given=given, focus=focus)
 
 
 def unknowns(run: Run) -> list[str]:
@@ -115,7 +118,7 @@ def flows_into(
     """Follow the iterator ``start`` takes as ``param`` through every construct and call to the calls ``sink``
     accepts (never followed), by the iterator table."""
 
-    def is_sink(call: ast.Call, _callee: V, args: list[V]) -> bool:
+    def is_sink(call: ast.Call, args: list[V]) -> bool:
         return sink(call) and any(isinstance(o, Stream) for a in args for o in options(a))
 
     key = ("flows_into", id(start.node), param, id(self_value.cls.node) if isinstance(self_value, Inst) else None)
@@ -248,7 +251,10 @@ def creates(ev: Evaluator, cls: Definition, attr: str, case: Case, what: Callabl
     init = ev.follower.method(cls, "__init__")
     if init is None:
         return Created(Reach.NO, Unknown(f"{cls.qualname} has no __init__"), case)
-    run = ev.ctx.memo(("creates", id(cls.node), case), lambda: ev.run(init, case, self_value=Inst(cls, watched=True)))
+    run = ev.ctx.memo(
+        ("creates", id(cls.node), case, attr),
+        lambda: ev.run(init, case, self_value=Inst(cls, watched=True), focus={f"self.{attr}"}),
+    )
     value = run.force(run.exit.get(f"self.{attr}", NONE))  # type: ignore[union-attr]
     accept = what or (lambda v: isinstance(v, Made) and v.kind == "torch.nn.Parameter")
     found = [accept(run.force(o)) for o in options(value)]  # type: ignore[union-attr]
@@ -260,7 +266,10 @@ def attribute_value(ev: Evaluator, cls: Definition, name: str, case: Case = ANY)
     """What ``self.<name>`` holds once an instance of ``cls`` is built under ``case``: what ``__init__`` (and what
     it calls) leaves there, else the class attribute (evaluated: a factory's result is run)."""
     init = ev.follower.method(cls, "__init__")
-    run = ev.ctx.memo(("creates", id(cls.node), case), lambda: ev.run(init, case, self_value=Inst(cls, watched=True)))
+    run = ev.ctx.memo(
+        ("creates", id(cls.node), case, name),
+        lambda: ev.run(init, case, self_value=Inst(cls, watched=True), focus={f"self.{name}"}),
+    )
     written = run.force(run.exit.get(f"self.{name}", UNSET)) if init is not None else UNSET  # type: ignore[union-attr]
     default = run.class_value(cls, name) or Unknown(f"{cls.qualname}.{name}")  # type: ignore[union-attr]
     return one_of(*(default if o == UNSET else o for o in options(written)))
@@ -279,8 +288,12 @@ def value_at_exit(ev: Evaluator, start: Definition, name: str, case: Case, **run
 
 
 def settings_read(ev: Evaluator, start: Definition) -> dict[str, bool]:
-    """The settings ``start`` reads (through the calls it makes): name -> whether it is a ``vllm.envs`` one."""
-    return dict(ev.run(start).settings_read)
+    """The settings ``start`` reads (through the calls it makes, their results evaluated): name -> whether it is a
+    ``vllm.envs`` one."""
+    run = ev.run(start)
+    for value in run.exit.values():
+        run.force(value)
+    return dict(run.settings_read)
 
 
 def passes_over(ev: Evaluator, start: Definition, param: str, case: Case) -> bool:

@@ -77,6 +77,7 @@ REJECTS = {"builtins.reversed": "reversed() of an iterator raises TypeError"}
 
 #: Where a user's settings are read: an attribute of these modules, or these calls and mappings.
 SETTINGS_MODULES = frozenset({"vllm.envs"})
+SETTINGS_UNBOUND = frozenset({"envs"})  # a snippet that leaves ``from vllm import envs`` out
 SETTINGS_CALLS = frozenset({"os.getenv", "os.environ.get"})
 SETTINGS_MAPPINGS = frozenset({"os.environ"})
 

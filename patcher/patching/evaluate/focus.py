@@ -1,0 +1,269 @@
+"""The statements of a function that may change what a question reads: a backward slice, so that a question about
+``self.gate.bias_vl`` does not execute the other two hundred lines of a constructor.
+
+A statement is kept when it binds a name or writes an attribute path the question reads (or a path above or
+below one: writing ``self.gate`` changes ``self.gate.bias_vl``), when a call in it may write such a path (a
+method of an object the path goes through, ``super()``'s, a callee handed such an object; a method of ``self``
+only where its own slice writes something, asked of ``may_write``), when it returns (an exit keeps the state it
+has), or when it holds a kept statement (an ``if`` keeps its test and only its kept arms). What a kept statement
+reads is then read by the question too, until nothing changes. Module-level names are never written by the
+function: what it reads of them is not followed.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Callable
+from dataclasses import dataclass
+
+#: Builtins that read their arguments and never write on them.
+_READ_ONLY = frozenset(
+    {"getattr", "hasattr", "isinstance", "issubclass", "len", "int", "str", "bool", "float", "repr", "id", "type",
+     "callable", "print", "min", "max", "abs", "round", "sorted", "tuple", "list", "set", "frozenset", "dict"}
+)  # fmt: skip
+_COMPOUND = (ast.If, ast.For, ast.AsyncFor, ast.While, ast.With, ast.AsyncWith, ast.Try)
+#: may_write(call, wanted): whether the callee of ``call`` (a method of ``self``) may write ``wanted``
+MayWrite = Callable[[ast.Call, frozenset[str]], bool]
+
+
+@dataclass(frozen=True)
+class _Call:
+    node: ast.Call
+    receiver: str | None  # the path of the object a method is called on
+    args: tuple[str, ...]  # the paths of the objects handed over
+    sup: bool  # super().m(...)
+
+
+def _path(node: ast.AST) -> str | None:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        base = _path(node.value)
+        return f"{base}.{node.attr}" if base is not None else None
+    return None
+
+
+def _related(path: str, wanted: set[str]) -> bool:
+    """Whether writing ``path`` changes something wanted: the same path, one below a wanted attribute path, or one
+    a wanted path goes through. A bare name read whole (``f(self)``) depends on its binding only: what is written
+    on it is wanted where a path through it is."""
+    return any(path == w or ("." in w and path.startswith(w + ".")) or w.startswith(path + ".") for w in wanted)
+
+
+def _written(stmt: ast.stmt) -> list[str]:
+    """The names and attribute paths a statement (not its nested blocks) binds or writes."""
+    targets: list[ast.AST] = []
+    if isinstance(stmt, ast.Assign):
+        targets = list(stmt.targets)
+    elif isinstance(stmt, (ast.AnnAssign, ast.AugAssign)):
+        targets = [stmt.target]
+    elif isinstance(stmt, (ast.For, ast.AsyncFor)):
+        targets = [stmt.target]
+    elif isinstance(stmt, (ast.With, ast.AsyncWith)):
+        targets = [i.optional_vars for i in stmt.items if i.optional_vars is not None]
+    elif isinstance(stmt, (ast.Import, ast.ImportFrom)):
+        return [a.asname or a.name.split(".")[0] for a in stmt.names]
+    elif isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return [stmt.name]
+    found = []
+    for target in targets:
+        for node in ast.walk(target):
+            path = _path(node) if isinstance(node, (ast.Name, ast.Attribute)) else None
+            if path is not None and isinstance(getattr(node, "ctx", None), ast.Store):
+                found.append(path)
+    return found
+
+
+def _header(stmt: ast.stmt) -> list[ast.AST]:
+    """The parts of a statement evaluated outside its nested blocks (a test, an iterable, a value)."""
+    if isinstance(stmt, (ast.If, ast.While)):
+        return [stmt.test]
+    if isinstance(stmt, (ast.For, ast.AsyncFor)):
+        return [stmt.iter, stmt.target]
+    if isinstance(stmt, (ast.With, ast.AsyncWith)):
+        return [i.context_expr for i in stmt.items]
+    if isinstance(stmt, ast.Try):
+        return []
+    return [stmt]
+
+
+def _raw_reads(parts: list[ast.AST]) -> set[str]:
+    """The names and attribute paths read in ``parts``, each whole (``self.gate.bias_vl``, not ``self``)."""
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(getattr(node, "ctx", None), ast.Store):
+            return  # a target: what it binds is the statement's write, not a read
+        if isinstance(node, (ast.Name, ast.Attribute)):
+            path = _path(node)
+            if path is not None:
+                found.add(path)  # a write of a prefix (``gate = ...``) is related to it
+                return
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    for part in parts:
+        visit(part)
+    return found
+
+
+def _calls(parts: list[ast.AST]) -> tuple[_Call, ...]:
+    """The calls in ``parts`` that may write on an object: every call but the read-only builtins."""
+    found = []
+    for part in parts:
+        for node in ast.walk(part):
+            if not isinstance(node, ast.Call) or (isinstance(node.func, ast.Name) and node.func.id in _READ_ONLY):
+                continue
+            func, receiver, sup = node.func, None, False
+            if isinstance(func, ast.Attribute):
+                inner = func.value
+                sup = isinstance(inner, ast.Call) and isinstance(inner.func, ast.Name) and inner.func.id == "super"
+                receiver = _path(inner)
+            args = tuple(
+                p
+                for a in (*node.args, *(k.value for k in node.keywords))
+                if (p := _path(a.value if isinstance(a, ast.Starred) else a)) is not None
+            )
+            found.append(_Call(node, receiver, args, sup))
+    return tuple(found)
+
+
+def _info(stmt: ast.stmt) -> tuple[tuple[str, ...], frozenset[str], tuple[_Call, ...]]:
+    """What a statement (its header, for a compound one) writes, reads and calls; once per node (the parsed
+    trees are shared and never changed)."""
+    found = stmt.__dict__.get("_patch_dsv4_focus")
+    if found is None:
+        parts = _header(stmt)
+        found = (tuple(_written(stmt)), frozenset(_raw_reads(parts)), _calls(parts))
+        stmt._patch_dsv4_focus = found  # type: ignore[attr-defined]
+    return found
+
+
+@dataclass
+class _Slice:
+    wanted: set[str]
+    aliases: dict[str, str]
+    first: str | None  # the function's first parameter (``self``)
+    may_write: MayWrite | None
+    touch_only: set[int]  # statements kept only for what their calls may write (their values are not read)
+
+    def canon(self, path: str) -> str:
+        """``gate.bias_vl`` as ``self.gate.bias_vl`` where ``gate = self.gate``."""
+        head, dot, rest = path.partition(".")
+        return f"{self.aliases[head]}{dot}{rest}" if head in self.aliases else path
+
+    def through(self, path: str, whole: bool) -> bool:
+        """Whether a wanted path goes through the object at ``path`` (or is it, for ``whole``)."""
+        canon = self.canon(path)
+        return any((whole and w == canon) or w.startswith(canon + ".") for w in self.wanted)
+
+    def writes(self, calls: tuple[_Call, ...]) -> bool:
+        """Whether one of the calls may write something wanted."""
+        for call in calls:
+            own_method = call.receiver is not None and call.receiver == self.first
+            if call.sup or (call.receiver is not None and self.through(call.receiver, whole=True)):
+                if (call.sup or own_method) and self.may_write is not None:
+                    if self.may_write(call.node, frozenset(self.wanted)):
+                        return True
+                    continue
+                return True
+            if any(self.through(arg, whole=False) for arg in call.args):
+                return True
+        return False
+
+    def keep(self, body: list[ast.stmt], returns: bool) -> tuple[list[ast.stmt], set[str]]:
+        kept: list[ast.stmt] = []
+        reads: set[str] = set()
+        for stmt in body:
+            written, read, calls = _info(stmt)
+            own = any(_related(self.canon(w), self.wanted) for w in written) or self.writes(calls)
+            if isinstance(stmt, _COMPOUND):
+                inner: dict[str, list[ast.stmt]] = {}
+                for name in ("body", "orelse", "finalbody"):
+                    block = getattr(stmt, name, None)
+                    if block:
+                        inner[name], more = self.keep(block, returns)
+                        reads |= more if inner[name] else set()
+                handlers = []
+                for handler in getattr(stmt, "handlers", []):
+                    h_body, more = self.keep(handler.body, returns)
+                    if h_body:
+                        reads |= more
+                        handlers.append(ast.ExceptHandler(handler.type, handler.name, h_body))
+                if any(inner.values()) or handlers or own:
+                    reads |= {self.canon(r) for r in read}
+                    kept.append(_copy(stmt, inner, handlers))
+                continue
+            exits = returns and isinstance(stmt, (ast.Break, ast.Continue, ast.Return))
+            writes = any(_related(self.canon(w), self.wanted) for w in written)
+            if own or exits:
+                kept.append(stmt)
+                reads |= {self.canon(r) for r in read} - {w for w in written if "." not in w}
+                if not writes and not exits:
+                    self.touch_only.add(id(stmt))
+        return kept, reads
+
+
+def _scope(func: ast.FunctionDef | ast.AsyncFunctionDef) -> tuple[frozenset[str], dict[str, str]]:
+    """The function's own names (parameters, and what it binds) and its locals bound to an attribute path
+    (``gate = self.gate``), once per node."""
+    found = func.__dict__.get("_patch_dsv4_scope")
+    if found is None:
+        args = func.args
+        local = {a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs)}
+        local |= {a.arg for a in (args.vararg, args.kwarg) if a is not None}
+        aliases: dict[str, str] = {}
+        for stmt in func.body:
+            for node in ast.walk(stmt):
+                if isinstance(node, ast.stmt):
+                    local |= {w.split(".", 1)[0] for w in _written(node)}
+                if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+                    path = _path(node.value) if isinstance(node.value, ast.Attribute) else None
+                    if path is not None:
+                        aliases[node.targets[0].id] = path
+        found = (frozenset(local), aliases)
+        func._patch_dsv4_scope = found  # type: ignore[attr-defined]
+    return found
+
+
+@dataclass(frozen=True)
+class Focused:
+    """A function's statements for a question: ``body``, and the statements (by id) kept only for what their
+    calls may write (their values are not read)."""
+
+    body: list[ast.stmt]
+    touch_only: frozenset[int]
+
+
+def focus(
+    func: ast.FunctionDef | ast.AsyncFunctionDef,
+    wanted: set[str],
+    returns: bool = True,
+    may_write: MayWrite | None = None,
+) -> Focused:
+    """The body of ``func`` with only the statements that may change ``wanted`` (names and attribute paths of its
+    locals and parameters), and what those read, kept; with ``returns``, its returns and what they read too.
+    Compound statements are rebuilt with their kept arms; the tree itself is never changed."""
+    local, aliases = _scope(func)
+    params = [a.arg for a in (*func.args.posonlyargs, *func.args.args)]
+    state = _Slice(set(wanted), aliases, params[0] if params else None, may_write, set())
+    while True:
+        state.touch_only = set()
+        kept, reads = state.keep(func.body, returns)
+        grown = state.wanted | {r for r in reads if r.split(".", 1)[0] in local}
+        if grown == state.wanted:
+            return Focused(kept, frozenset(state.touch_only))
+        state.wanted = grown
+
+
+def _copy(stmt: ast.stmt, blocks: dict[str, list[ast.stmt]], handlers: list[ast.ExceptHandler]) -> ast.stmt:
+    """A shallow copy of a compound statement with its blocks replaced (``pass`` where one is emptied)."""
+    fields = {name: getattr(stmt, name) for name in stmt._fields}
+    for name in ("body", "orelse", "finalbody"):
+        if name in fields:
+            block = blocks.get(name, [])
+            fields[name] = block if block or name != "body" else [ast.copy_location(ast.Pass(), stmt)]
+    if "handlers" in fields:
+        fields["handlers"] = handlers
+    copy = type(stmt)(**fields)
+    return ast.copy_location(copy, stmt)
