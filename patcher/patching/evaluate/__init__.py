@@ -52,6 +52,7 @@ Predicates (``predicates``)
     ``guarded_by(ev, start, sink, allowed, forbidden, bind)``  a sink reached in the allowed cases only
     ``creates(ev, cls, "gate.bias_vl", case)``       what ``__init__`` leaves in an attribute (a parameter?)
     ``attribute_value(ev, cls, name, case)``        ``self.<name>`` once built (``__init__``, else the class's)
+    ``built_with(ev, cls, name, case)``             the arguments of the calls that built ``self.<name>``
     ``passes_over(ev, start, param, case)``         a loader's loop skips the case's item
     ``value_at_exit(ev, start, name, case)``, ``settings_read(ev, start)``, ``reaches_call(...)``
 
@@ -65,6 +66,7 @@ from patch_dsv4.patching.evaluate.predicates import (
     Flow,
     Guard,
     attribute_value,
+    built_with,
     creates,
     flows_into,
     guarded_by,
@@ -83,6 +85,7 @@ __all__ = [
     "Flow",
     "Guard",
     "attribute_value",
+    "built_with",
     "cases",
     "creates",
     "flows_into",

@@ -73,6 +73,12 @@ EXL3_QUANT_CONFIG = Thing(
 EXL3_LINEAR = (("weight", MISSING), ("_exl3_linears", EXL3_LINEARS), ("quant_method", Thing("quant_method")))
 
 
+def _exl3_pack() -> Case:
+    base = _checkpoint(vision=False)
+    vllm_config = Thing("vllm_config", (*base.attrs, ("quant_config", EXL3_QUANT_CONFIG)), truth=True)
+    return Case("an EXL3 pack that quantizes the compressor", roles=(("vllm_config", vllm_config),))
+
+
 # -- MoE layers: hash and non-hash, of a vision and of a text checkpoint --------------------------------------
 EXTRACT_LAYER_INDEX = "vllm.model_executor.models.utils.extract_layer_index"
 NUM_HASH_LAYERS = 3
@@ -119,6 +125,7 @@ VISION_LAYER = _moe_layer(vision=True, hash_layer=False)
 TEXT_HASH_LAYER = _moe_layer(vision=False, hash_layer=True)
 TEXT_LAYER = _moe_layer(vision=False, hash_layer=False)
 MOE_LAYER_CASES = (VISION_HASH_LAYER, VISION_LAYER, TEXT_HASH_LAYER, TEXT_LAYER)
+EXL3_PACK = _exl3_pack()
 VISION_CHECKPOINT = Case(
     "a vision checkpoint served with images on",
     roles=(

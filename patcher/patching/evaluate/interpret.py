@@ -194,6 +194,7 @@ class _Frame:
     touch_only: frozenset[int] = frozenset()  # statements run only for what their calls may write
     statement: ast.stmt | None = None  # the statement being run
     consumed: bool = False  # a loop took every item of the weights without yielding
+    raised: list[Raises] = field(default_factory=list)  # what made a statement raise
 
 
 def _where_text(frame: _Frame, node: ast.AST) -> str:
@@ -260,6 +261,8 @@ class Run:
         self.item_loop: ast.AST | None = None  # the loop that took the case's item
         self.generators: list[Where] = []  # generators the weights went through, yielding as they go
         self.compared: dict[int, tuple[ast.Compare, V]] = {}  # comparison node -> (node, its value, joined)
+        self.built: dict[int, dict[str, V]] = {}  # a call -> its keyword arguments
+        self.sources: dict[str, list[ast.expr]] = {}  # an attribute path -> the expressions assigned it
 
     # -- entry ---------------------------------------------------------------------------------------------
     def start(
@@ -411,6 +414,9 @@ class Run:
             targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
             for target in targets:
                 self._assign(target, value, st, frame, stmt)
+                path = self._path(target, st) if isinstance(target, ast.Attribute) else None
+                if path is not None and not self._quiet:
+                    self.sources.setdefault(path, []).append(stmt.value)
                 if isinstance(target, ast.Name):  # `gate = self.gate`: writes through gate are writes to self.gate
                     path = self._path(stmt.value, st) if isinstance(stmt.value, (ast.Name, ast.Attribute)) else None
                     st.env.pop(f"<alias>{target.id}", None)
@@ -426,7 +432,7 @@ class Run:
         if isinstance(stmt, ast.Return):
             value = self._expr(stmt.value, st, frame) if stmt.value is not None else NONE
             if isinstance(value, Raises):
-                return _State(st.env, Reach.NO)
+                return self._after(value, st, frame, stmt)
             frame.returns.append((st.reach, value))
             frame.exits.append(st.copy())
             return _State(st.env, Reach.NO)
@@ -489,9 +495,13 @@ class Run:
 
     def _after(self, value: V, st: _State, frame: _Frame, stmt: ast.stmt) -> _State:
         """A statement whose evaluation raises ends the path (an exception leaves the function)."""
-        if isinstance(value, Raises) and st.reach is Reach.YES:
-            self._event("raises", value.why, st.reach, frame, stmt)
-            return _State(st.env, Reach.NO)
+        if isinstance(value, Raises) and st.reach is not Reach.NO:
+            if not frame.raised:
+                frame.raised.append(value)
+            if not value.told:
+                self._event("raises", value.why, st.reach, frame, stmt)
+            if st.reach is Reach.YES:
+                return _State(st.env, Reach.NO)
         return st
 
     def _branch(self, test_node: ast.expr, body: list, orelse: list, st: _State, frame: _Frame) -> _State:
@@ -790,7 +800,7 @@ class Run:
         if isinstance(base, Thing):
             value = base.attr(attr)
             return (
-                Raises(f"{_short(node)} reads {attr}, which {base.what} lacks, at {_where_text(frame, node)}")
+                Raises(f"reads {_short(node)} ({base.what} has no {attr}) at {_where_text(frame, node)}")
                 if (value is MISSING)
                 else value
             )
@@ -825,7 +835,7 @@ class Run:
         if known is not None:
             if known is MISSING:
                 return Raises(
-                    f"{_short(node)} reads {attr}, which the {base.cls.qualname} lacks, at {_where_text(frame, node)}"
+                    f"reads {_short(node)} (the {base.cls.qualname} has no {attr}) at {_where_text(frame, node)}"
                 )
             return known
         method = self.follower.method(base.cls, attr)
@@ -1113,6 +1123,11 @@ class Run:
                 callee = Def(method, bound=receiver) if method is not None else Unknown(f"super().{func.attr}")
         args, kwargs = self._arguments(node, st, frame)
         everything = [*args, *kwargs.values()]
+        raised = next((v for v in everything if isinstance(v, Raises)), None)
+        if raised is not None:  # an argument raises: the call is never made
+            return raised
+        if not self._quiet:
+            self.built[id(node)] = {**self.built.get(id(node), {}), **kwargs}
         if isinstance(func, ast.Attribute) and func.attr in _REGISTERS and args and isinstance(args[0], Const):
             path = self._path(func.value, st)  # x.register_parameter("a", value): x.a
             if path is not None and len(args) > 1:
@@ -1605,8 +1620,8 @@ class Run:
                 return Stream(worst, (*frame.out[0].via, frame.defn.qualname)), env
             return Made("generator", frame.defn.where()), env
         returned = [value for reach, value in frame.returns if reach is not Reach.NO]
-        if not returned:
-            return Raises(f"{frame.defn.qualname} raises"), env
+        if not returned:  # raises on every path: the caller's statement raises too (already told, once)
+            return Raises(frame.raised[0].why if frame.raised else f"{frame.defn.qualname} raises", told=True), env
         result = one_of(*returned)
         if isinstance(result, Stream):
             result = Stream(result.state, (*result.via, frame.defn.qualname))

@@ -183,6 +183,20 @@ class Guard:
                     found.append(node)
         return sorted(found, key=lambda n: (n.lineno, n.col_offset))
 
+    def failure(self) -> str:
+        """Why the guard is not proven: a forbidden case reaching the sink, an unknown met there, or no allowed
+        case reaching it."""
+        for case in self.forbidden:
+            reached = self.sites(case)
+            if reached:
+                site = reached[0]
+                how = "may reach" if site.reach is Reach.MAYBE else "reaches"
+                return f"{site.where.names()} {how} {site.text.split('(')[0]} (line {site.where.line}) for {case}"
+            found = unknowns(self.runs[case])
+            if found:
+                return found[0]
+        return f"no case of {', '.join(map(str, self.allowed))} reaches it"
+
     def unknown_tests(self, case: Case, frames: list[Definition]) -> list[str]:
         """The comparisons in ``frames`` whose value is unknown under ``case``."""
         nodes = {id(n) for defn in frames for n in ast.walk(defn.node)}  # type: ignore[arg-type]
@@ -275,6 +289,23 @@ def attribute_value(ev: Evaluator, cls: Definition, name: str, case: Case = ANY)
     return one_of(*(default if o == UNSET else o for o in options(written)))
 
 
+def built_with(ev: Evaluator, cls: Definition, attr: str, case: Case) -> list[dict[str, V]]:
+    """The keyword arguments of the calls that built what ``self.<attr>`` holds once an instance of ``cls`` is
+    built under ``case`` (one per class it may be)."""
+    init = ev.follower.method(cls, "__init__")
+    if init is None:
+        return []
+    run = ev.ctx.memo(
+        ("creates", id(cls.node), case, attr),
+        lambda: ev.run(init, case, self_value=Inst(cls, watched=True), focus={f"self.{attr}"}),
+    )
+    value = run.force(run.exit.get(f"self.{attr}", NONE))  # type: ignore[union-attr]
+    calls = [o.made for o in options(value) if isinstance(o, Inst) and o.made is not None]
+    calls += [e for e in run.sources.get(f"self.{attr}", []) if isinstance(e, ast.Call)]  # type: ignore[union-attr]
+    found = {id(c): run.built[id(c)] for c in calls if id(c) in run.built}  # type: ignore[union-attr]
+    return list(found.values())
+
+
 def is_module(value: V) -> bool:
     """An instance of a vLLM class (a module), not None."""
     return isinstance(value, Inst)
@@ -330,6 +361,7 @@ __all__ = [
     "Guard",
     "Raises",
     "attribute_value",
+    "built_with",
     "creates",
     "flows_into",
     "guarded_by",

@@ -187,9 +187,11 @@ class Unknown(V):
 
 @dataclass(frozen=True)
 class Raises(V):
-    """Evaluating it raises: reading an attribute the object lacks (``why`` says which, where)."""
+    """Evaluating it raises: reading an attribute the object lacks (``why`` says which, where); ``told``: an event
+    already says so (a callee's, raised on through its caller)."""
 
     why: str
+    told: bool = field(default=False, compare=False, hash=False)
 
 
 @dataclass(frozen=True)
