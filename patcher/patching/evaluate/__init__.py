@@ -54,6 +54,7 @@ Predicates (``predicates``)
     ``attribute_value(ev, cls, name, case)``        ``self.<name>`` once built (``__init__``, else the class's)
     ``built_with(ev, cls, name, case)``             the arguments of the calls that built ``self.<name>``
     ``passes_over(ev, start, param, case)``         a loader's loop skips the case's item
+    ``mappings_iterated(ev, start, width)``         what its ``for a, b, c in mapping`` loops iterate, as built
     ``value_at_exit(ev, start, name, case)``, ``settings_read(ev, start)``, ``reaches_call(...)``
 
 Only probes import this package: verify's fast path and the guard never do.
@@ -71,6 +72,7 @@ from patch_dsv4.patching.evaluate.predicates import (
     flows_into,
     guarded_by,
     is_module,
+    mappings_iterated,
     passes_over,
     reaches_call,
     settings_read,
@@ -91,6 +93,7 @@ __all__ = [
     "flows_into",
     "guarded_by",
     "is_module",
+    "mappings_iterated",
     "passes_over",
     "reaches_call",
     "settings_read",

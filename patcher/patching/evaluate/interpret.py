@@ -973,7 +973,7 @@ class Run:
             items.append(value)
         if repeated:
             return Repeated(kind, one_of(*items, *repeated))
-        return Seq(kind, tuple(items))
+        return Seq(kind, tuple(items), Where(frame.defn, node, frame.path))
 
     def _dict(self, node: ast.Dict, st: _State, frame: _Frame) -> V:
         pairs: list[V] = []

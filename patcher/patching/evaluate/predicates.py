@@ -318,6 +318,23 @@ def value_at_exit(ev: Evaluator, start: Definition, name: str, case: Case, **run
     return run.force(run.exit.get(name, NONE))
 
 
+def mappings_iterated(ev: Evaluator, start: Definition, width: int, case: Case = ANY) -> list[V]:
+    """What the loops of ``start`` that unpack ``width`` names at a time (``for a, b, c in mapping``) iterate: the
+    mapping as the code builds it (displays, ``+=``, ``.extend``, helpers whose results it adds, evaluated)."""
+    names = {
+        node.iter.id
+        for node in ast.walk(start.node)  # type: ignore[arg-type]
+        if isinstance(node, (ast.For, ast.AsyncFor))
+        and isinstance(node.target, ast.Tuple)
+        and len(node.target.elts) == width
+        and isinstance(node.iter, ast.Name)
+    }
+    if not names:
+        return []
+    run = ev.run(start, case, focus=names)
+    return [run.force(run.exit[name], final=True) for name in sorted(names) if name in run.exit]
+
+
 def settings_read(ev: Evaluator, start: Definition) -> dict[str, bool]:
     """The settings ``start`` reads (through the calls it makes, their results evaluated): name -> whether it is a
     ``vllm.envs`` one."""
@@ -368,6 +385,7 @@ __all__ = [
     "is_generator",
     "is_module",
     "is_none",
+    "mappings_iterated",
     "passes_over",
     "reaches_call",
     "settings_read",

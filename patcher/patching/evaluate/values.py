@@ -72,6 +72,7 @@ class Seq(V):
 
     kind: str
     items: tuple[V, ...]
+    where: object = field(default=None, compare=False, hash=False)  # the display that built it (a Where)
 
     @property
     def tracked(self) -> bool:  # type: ignore[override]
