@@ -19,6 +19,7 @@ import textwrap
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
+from patch_dsv4.output.render import NOT_UPSTREAM
 from patch_dsv4.output.verdicts import Outcome, Verdict
 from patch_dsv4.patching.fingerprint import find_scope, normalize_node, statements
 from patch_dsv4.patching.patch import INJECTED_PREFIX, Context, Edit, Scope
@@ -254,7 +255,7 @@ class ReplaceStatements(Edit):
                 return answer
         outcome = self._by_anchors(tree, scope, where)
         if why and outcome.verdict is Verdict.DRIFTED:
-            return replace(outcome, detail=f"{outcome.detail}; not upstream: {why}")
+            return replace(outcome, detail=f"{outcome.detail}{NOT_UPSTREAM}{why}")
         return outcome
 
     def _by_anchors(self, tree: ast.Module | None, scope: ast.AST | None, where: str) -> Outcome:

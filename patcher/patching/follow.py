@@ -409,6 +409,23 @@ class Follower:
                         return None
         return f"builtins.{name}" if name in _BUILTINS else None
 
+    def sets_attribute(self, cls: Definition, name: str) -> bool:
+        """Whether the class or a base (vLLM's) sets ``name``: a class attribute, ``self.name = ...`` or
+        ``setattr(self, "name", ...)`` in a method."""
+        for owner in self.mro(cls):
+            for node in ast.walk(owner.node):  # type: ignore[arg-type]
+                if isinstance(node, (ast.Assign, ast.AnnAssign)):
+                    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                    for target in targets:
+                        if isinstance(target, ast.Name) and target.id == name and node in owner.node.body:  # type: ignore
+                            return True
+                        if isinstance(target, ast.Attribute) and target.attr == name:
+                            return True
+                elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setattr":
+                    if len(node.args) >= 2 and isinstance(node.args[1], ast.Constant) and node.args[1].value == name:
+                        return True
+        return False
+
     def is_dataclass(self, cls: Definition) -> bool:
         """Whether ``cls`` is declared a dataclass: its fields are the arguments that build it."""
         return _is_dataclass_node(cls.node)

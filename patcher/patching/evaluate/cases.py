@@ -135,6 +135,20 @@ VISION_CHECKPOINT = Case(
 )
 
 
+def v41_checkpoint(hf_config: V) -> Case:
+    """A DeepSeek-V4.1 vision checkpoint served with images, its config ``hf_config`` (an instance of V4.1's
+    config class, which the question finds in the tree)."""
+    images = Thing("get_limit_per_prompt", returns=Const(1))
+    model_config = Thing(
+        "model_config",
+        (("hf_config", hf_config), ("hf_text_config", hf_config),
+         ("multimodal_config", Thing("multimodal_config", (("get_limit_per_prompt", images),), truth=True))),
+        truth=True,
+    )  # fmt: skip
+    vllm_config = Thing("vllm_config", (("model_config", model_config),), truth=True)
+    return Case("a DeepSeek-V4.1 checkpoint", roles=(("vllm_config", vllm_config),))
+
+
 # -- the weights a loader takes -------------------------------------------------------------------------------
 def weight_named(name: str) -> Case:
     """A loop over the weights whose first item is the tensor ``name``."""

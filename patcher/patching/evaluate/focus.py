@@ -233,6 +233,7 @@ class Focused:
 
     body: list[ast.stmt]
     touch_only: frozenset[int]
+    wanted: frozenset[str]  # what the kept statements read, the question's paths included
 
 
 def focus(
@@ -252,7 +253,7 @@ def focus(
         kept, reads = state.keep(func.body, returns)
         grown = state.wanted | {r for r in reads if r.split(".", 1)[0] in local}
         if grown == state.wanted:
-            return Focused(kept, frozenset(state.touch_only))
+            return Focused(kept, frozenset(state.touch_only), frozenset(state.wanted))
         state.wanted = grown
 
 

@@ -298,7 +298,7 @@ class Run:
         frame.generator = is_generator(node)
         frame.item = self.case.item
         frame.wanted = frozenset(focus) if focus is not None else None
-        body, frame.touch_only = self._body(defn, node, frame.wanted, frame.self_class)
+        body, frame.touch_only, frame.wanted = self._body(defn, node, frame.wanted, frame.self_class)
         state = self._block(body, _State(env, Reach.YES), frame)
         self.result, self.exit = self._finish(frame, state)
         return self
@@ -314,18 +314,19 @@ class Run:
 
     def _body(
         self, defn: Definition, func, wanted: frozenset[str] | None, self_class: Definition | None, returns=True
-    ) -> tuple[list[ast.stmt], frozenset[int]]:
+    ) -> tuple[list[ast.stmt], frozenset[int], frozenset[str] | None]:
         """The statements of ``func`` to run (all of them, or those that may change ``wanted``, and its returns
-        where its result is read), and those kept only for what their calls may write."""
+        where its result is read), those kept only for what their calls may write, and all it reads of its own
+        objects (what calls it makes must keep)."""
         if wanted is None or isinstance(func, ast.Lambda) or func is None:
-            return getattr(func, "body", []), frozenset()
+            return getattr(func, "body", []), frozenset(), None
         key = ("focus", id(func), wanted, id(self_class.node) if self_class is not None else None, returns)
         found = self._cache.get(key)
         if found is None:
             found = self._cache[key] = focus_on(
                 func, set(wanted), returns=returns, may_write=self._may_write(defn, self_class)
             )
-        return found.body, found.touch_only
+        return found.body, found.touch_only, found.wanted
 
     def _may_write(self, defn: Definition, self_class: Definition | None):
         """For the slice of ``defn``: whether a method of ``self`` (or ``super()``'s) it calls may write the
@@ -861,7 +862,12 @@ class Run:
         found = self.follower.instances_of_attribute(inst.cls, attr)
         if found:
             return one_of(*(Inst(v.defn, made=v.made) for v in found))
-        return self.class_value(inst.cls, attr) or Unknown(f"{inst.cls.qualname}.{attr}")
+        value = self.class_value(inst.cls, attr)
+        if value is not None:
+            return value
+        if inst.closed and not self.follower.sets_attribute(inst.cls, attr):
+            return Raises(f"reads {attr} (the {inst.cls.qualname} never sets it)")
+        return Unknown(f"{inst.cls.qualname}.{attr}")
 
     def class_value(self, cls: Definition, name: str) -> V | None:
         """A class attribute (``hf_to_vllm_mapper = make_mapper("fp4")``), evaluated in its module; None where no
@@ -1389,17 +1395,32 @@ class Run:
         return None
 
     def _isinstance(self, value: V, classes: V, node: ast.AST) -> V:
+        """``isinstance`` through the MRO. A class of another package counts where a class of the MRO names it as
+        a base; a case's closed object (its class is all it is) is no instance of another one."""
         wanted = classes.items if isinstance(classes, Seq) else (classes,)
         value = self.force(value)
         cls = _class_of(value)
         if cls is None:
             return Unknown(_short(node))
-        mro = {id(c.node) for c in self.follower.mro(cls)}
+        mro = self.follower.mro(cls)
+        ids = {id(c.node) for c in mro}
+        external = set()  # the other packages' classes the MRO names as bases, by dotted name
+        for owner in mro:
+            for base in owner.node.bases:  # type: ignore[union-attr]
+                text = ast.unparse(base)
+                head, _, rest = text.partition(".")
+                origin = (
+                    self.follower.external(owner.module, head) if isinstance(base, (ast.Name, ast.Attribute)) else None
+                )
+                if origin is not None:
+                    external.add(f"{origin}.{rest}" if rest else origin)
         found = []
         for item in wanted:
             item = self.force(item)
             if isinstance(item, Def) and item.defn.kind == "class":
-                found.append(id(item.defn.node) in mro)
+                found.append(id(item.defn.node) in ids)
+            elif isinstance(item, Ext):
+                found.append(True if item.name in external else (False if getattr(value, "closed", False) else None))
             else:
                 found.append(None)
         if True in found:
@@ -1518,7 +1539,7 @@ class Run:
                 if path == outer or path.startswith(outer + ".")
             )
         returns = frame.statement is None or id(frame.statement) not in frame.touch_only
-        body, callee.touch_only = self._body(defn, func, callee.wanted, callee.self_class, returns)
+        body, callee.touch_only, callee.wanted = self._body(defn, func, callee.wanted, callee.self_class, returns)
         end = self._block(body, _State(env, st.reach), callee) if not isinstance(func, ast.Lambda) else None
         if isinstance(func, ast.Lambda):
             value = self._expr(func.body, _State(env, st.reach), callee)
@@ -1591,13 +1612,15 @@ class Run:
         if a.kwarg is not None:
             env[a.kwarg.arg] = Repeated("dict", Unknown("keyword arguments"))
         for name in [*positional, *(p.arg for p in a.kwonlyargs)]:
-            if name not in env:
+            if name not in env:  # not bound by the call (passed on through *args): the case's role of its name
                 default = defaults.get(name)
-                env[name] = (
-                    self._expr(default, _State({}, Reach.YES), _Frame(defn, func, (), self.max_depth))
-                    if (default is not None)
-                    else Unknown(f"parameter {name}")
-                )
+                role = self.case.role(name)
+                if role is not None:
+                    env[name] = role
+                elif default is not None:
+                    env[name] = self._expr(default, _State({}, Reach.YES), _Frame(defn, func, (), self.max_depth))
+                else:
+                    env[name] = Unknown(f"parameter {name}")
         return env
 
     def _finish(self, frame: _Frame, end: _State) -> tuple[V, dict[str, V]]:
@@ -1684,7 +1707,7 @@ class Run:
                 callee,
             )
             # only its result is read: the statements that lead to its returns
-            body, _ = self._body(pending.defn, pending.defn.node, frozenset(), callee.self_class)
+            body, _, _ = self._body(pending.defn, pending.defn.node, frozenset(), callee.self_class)
             end = self._block(body, _State(env, Reach.YES), callee)
             result, _ = self._finish(callee, end)
         finally:

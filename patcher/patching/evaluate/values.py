@@ -118,6 +118,7 @@ class Inst(V):
     attrs: tuple[tuple[str, V], ...] = ()
     made: ast.Call | None = field(default=None, compare=False, hash=False)
     watched: bool = False
+    closed: bool = False  # it has no attribute its class (vLLM's code) never sets: reading one raises
 
     @property
     def tracked(self) -> bool:  # type: ignore[override]
