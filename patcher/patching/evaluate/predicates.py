@@ -171,17 +171,18 @@ class Guard:
         )
 
     def deciding(self, frames: list[Definition]) -> list[ast.Compare]:
-        """The comparisons made in ``frames`` whose value tells the first allowed case from the first forbidden
-        one (``wo_a.weight.dtype == torch.float8_e4m3fn``: true for FP8, false for BF16), in source order."""
+        """The comparisons whose value tells the first allowed case from the first forbidden one (``wo_a.weight.dtype
+        == torch.float8_e4m3fn``: true for FP8, false for BF16): those made in ``frames`` first, in source order,
+        then those of the helpers they called."""
         allowed, forbidden = self.runs[self.allowed[0]], self.runs[self.forbidden[0]]
         nodes = {id(n) for defn in frames for n in ast.walk(defn.node)}  # type: ignore[arg-type]
         found = []
         for key, (node, value) in allowed.compared.items():
             other = forbidden.compared.get(key)
-            if key in nodes and other is not None and truth(value) is not None and truth(other[1]) is not None:
+            if other is not None and truth(value) is not None and truth(other[1]) is not None:
                 if truth(value) != truth(other[1]):
                     found.append(node)
-        return sorted(found, key=lambda n: (n.lineno, n.col_offset))
+        return sorted(found, key=lambda n: (id(n) not in nodes, n.lineno, n.col_offset))
 
     def failure(self) -> str:
         """Why the guard is not proven: a forbidden case reaching the sink, an unknown met there, or no allowed
