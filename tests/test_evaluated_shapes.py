@@ -100,7 +100,7 @@ def test_starred_display_in_v41_load_weights_is_not_upstream(make_tree, cli):
 
 def test_bias_vl_left_out_of_hash_layers_is_not_upstream(make_tree, cli):
     """A vision checkpoint's hash layers without gate.bias_vl: the load stops with a KeyError."""
-    test = '        if getattr(config, "vision_n_layers", 0) > 0 and not is_hash_moe:\n            # Vision checkpoints route'
+    test = BIAS_VL_TEST.replace(" > 0:", " > 0 and not is_hash_moe:")
     tree = _shaped(make_tree, "0.34.0", {V4_MODEL: [(BIAS_VL_TEST, test)]})
     patch = _patch(cli, tree, "loader-skips")
     assert patch["verdict"] == "pending"  # 0.34's loader still holds the 0.28 anchor: apply adds the skip
