@@ -328,12 +328,13 @@ def _upstream_exl3_wo_a(ctx: Context, tree: ast.Module | None) -> Outcome | NotP
     start = ev.follower.method(owner, "forward")
     guard = guarded_by(ev, start, _o_proj_call, (cases.WO_A_BF16, cases.WO_A_FP8), (cases.WO_A_EXL3,),
                        bind={"self.wo_a": "wo_a"}, self_value=Inst(owner))  # fmt: skip
-    if guard.proven:
+    raised = guard.runs[cases.WO_A_EXL3].of("raises")  # kept from _o_proj by a crash is no fix
+    if guard.proven and not raised:
         return Outcome.upstream(
             f"{ATTENTION}: {ATTENTION_CLASS}.forward keeps a wo_a without .weight (EXL3) from _o_proj, which "
             "BF16 and FP8 ones take"
         )
-    return NotProven(guard.failure())
+    return NotProven(raised[0].text if raised else guard.failure())
 
 
 # -- F: the compressor scores ----------------------------------------------------------------------------

@@ -558,6 +558,7 @@ class WideSwa(Patch):
             probe=_upstream_or_narrow,
             foreign=(RECIPE_WIDE_SWA,),
             kept=(miaai_kit.TEXT_ONLY_WINDOW,),
+            recallable=False,  # its probe reads FlashInfer's release too
         ),
         *(
             ReplaceStatements(
@@ -569,6 +570,7 @@ class WideSwa(Patch):
                 probe=_v41_upstream_or_narrow,
                 foreign=(RECIPE_WIDE_SWA,),
                 kept=(miaai_kit.TEXT_ONLY_WINDOW,),
+                recallable=False,
             )
             for file, tag in in_layouts("nvidia/flashinfer_sparse.py")
         ),

@@ -171,22 +171,32 @@ class _Slice:
                 return True
         return False
 
-    def keep(self, body: list[ast.stmt], returns: bool) -> tuple[list[ast.stmt], set[str]]:
+    def keep(
+        self, body: list[ast.stmt], returns: bool, jumps: bool = False, exits: bool = False
+    ) -> tuple[list[ast.stmt], set[str]]:
+        """The kept statements of ``body`` and what they read. ``returns``: the function's result is read (its
+        returns and what they return are kept); ``exits``: its returns are kept for the state they leave (where
+        a kept write could come after one); ``jumps``: the enclosing loop holds a kept write (its ``break`` and
+        ``continue`` decide whether it runs)."""
         kept: list[ast.stmt] = []
         reads: set[str] = set()
         for stmt in body:
             written, read, calls = _info(stmt)
             own = any(_related(self.canon(w), self.wanted) for w in written) or self.writes(calls)
             if isinstance(stmt, _COMPOUND):
+                inner_jumps = jumps
+                if isinstance(stmt, (ast.For, ast.AsyncFor, ast.While)):  # its jumps matter where it holds a write
+                    inner_jumps = any(self.keep(getattr(stmt, n, []) or [], returns, False, exits)[0]
+                                      for n in ("body", "orelse"))  # fmt: skip
                 inner: dict[str, list[ast.stmt]] = {}
                 for name in ("body", "orelse", "finalbody"):
                     block = getattr(stmt, name, None)
                     if block:
-                        inner[name], more = self.keep(block, returns)
+                        inner[name], more = self.keep(block, returns, inner_jumps, exits)
                         reads |= more if inner[name] else set()
                 handlers = []
                 for handler in getattr(stmt, "handlers", []):
-                    h_body, more = self.keep(handler.body, returns)
+                    h_body, more = self.keep(handler.body, returns, jumps, exits)
                     if h_body:
                         reads |= more
                         handlers.append(ast.ExceptHandler(handler.type, handler.name, h_body))
@@ -194,12 +204,14 @@ class _Slice:
                     reads |= {self.canon(r) for r in read}
                     kept.append(_copy(stmt, inner, handlers))
                 continue
-            exits = returns and isinstance(stmt, (ast.Break, ast.Continue, ast.Return))
+            jump = jumps and isinstance(stmt, (ast.Break, ast.Continue))
+            leave = (returns or exits) and isinstance(stmt, ast.Return)
             writes = any(_related(self.canon(w), self.wanted) for w in written)
-            if own or exits:
+            if own or jump or leave:
                 kept.append(stmt)
-                reads |= {self.canon(r) for r in read} - {w for w in written if "." not in w}
-                if not writes and not exits:
+                if own or returns:  # a return kept for its state only: what it returns is not read
+                    reads |= {self.canon(r) for r in read} - {w for w in written if "." not in w}
+                if own and not writes:
                     self.touch_only.add(id(stmt))
         return kept, reads
 
@@ -250,7 +262,8 @@ def focus(
     state = _Slice(set(wanted), aliases, params[0] if params else None, may_write, set())
     while True:
         state.touch_only = set()
-        kept, reads = state.keep(func.body, returns)
+        writes, _ = state.keep(func.body, False)  # the writes alone: returns matter only before one of them
+        kept, reads = state.keep(func.body, returns, exits=bool(writes))
         grown = state.wanted | {r for r in reads if r.split(".", 1)[0] in local}
         if grown == state.wanted:
             return Focused(kept, frozenset(state.touch_only), frozenset(state.wanted))

@@ -239,7 +239,6 @@ class Run:
         sink: Sink | None = None,
         max_depth: int = 6,
         budget: int = 300,
-        cache: dict | None = None,
         lazy: bool = False,
     ) -> None:
         self.follower = follower
@@ -250,9 +249,8 @@ class Run:
         self.events: list[Event] = []
         self.followed: list[Where] = []
         self._reach: dict[int, Reach] = {}
-        self._cache = cache if cache is not None else {}
         self.lazy = lazy  # results of calls that carry nothing tracked stay unevaluated unless forced at the end
-        self._module_values: dict[tuple[str, str], V] = self._cache.setdefault("module values", {})
+        self._computing: set[tuple] = set()
         self._quiet = 0
         self.result: V = NONE
         self.exit: dict[str, V] = {}
@@ -298,7 +296,8 @@ class Run:
         frame.generator = is_generator(node)
         frame.item = self.case.item
         frame.wanted = frozenset(focus) if focus is not None else None
-        body, frame.touch_only, frame.wanted = self._body(defn, node, frame.wanted, frame.self_class)
+        # a question of a focus reads the state at the exits, never the result
+        body, frame.touch_only, frame.wanted = self._body(defn, node, frame.wanted, frame.self_class, returns=False)
         state = self._block(body, _State(env, Reach.YES), frame)
         self.result, self.exit = self._finish(frame, state)
         return self
@@ -321,11 +320,9 @@ class Run:
         if wanted is None or isinstance(func, ast.Lambda) or func is None:
             return getattr(func, "body", []), frozenset(), None
         key = ("focus", id(func), wanted, id(self_class.node) if self_class is not None else None, returns)
-        found = self._cache.get(key)
-        if found is None:
-            found = self._cache[key] = focus_on(
-                func, set(wanted), returns=returns, may_write=self._may_write(defn, self_class)
-            )
+        found = self._shared(
+            key, lambda: focus_on(func, set(wanted), returns=returns, may_write=self._may_write(defn, self_class)), None
+        )
         return found.body, found.touch_only, found.wanted
 
     def _may_write(self, defn: Definition, self_class: Definition | None):
@@ -349,18 +346,40 @@ class Run:
                 callee_first + w[len(first) :] for w in wanted if w == first or w.startswith(first + ".")
             )
             key = ("may write", id(method.node), translated, id(self_class.node))
-            if key not in self._cache:
-                self._cache[key] = True  # a cycle: it may
-                found = focus_on(
-                    method.node,  # type: ignore[arg-type]
-                    set(translated),
-                    returns=False,
-                    may_write=self._may_write(method, self_class),
-                )
-                self._cache[key] = bool(found.body)
-            return self._cache[key]
+            return self._shared(  # a cycle: it may
+                key,
+                lambda: bool(
+                    focus_on(
+                        method.node,  # type: ignore[arg-type]
+                        set(translated),
+                        returns=False,
+                        may_write=self._may_write(method, self_class),
+                    ).body
+                ),
+                True,
+            )
 
         return check
+
+    def _shared(self, key: tuple, compute, cycle):
+        """``compute()``, once per context for ``key``, shared by every run: through the context's memo, so that a
+        result reused replays the files its computing read (a probe's reads stay whole: a release's record names
+        them), and the settings it read. ``cycle`` while it is being computed (recursion)."""
+        if key in self._computing:
+            return cycle
+        self._computing.add(key)
+
+        def run():
+            before = set(self.settings_read)
+            value = compute()
+            return value, {k: v for k, v in self.settings_read.items() if k not in before}
+
+        try:
+            value, settings = self.follower.ctx.memo(("evaluate", *key), run)
+        finally:
+            self._computing.discard(key)
+        self.settings_read.update(settings)  # type: ignore[arg-type]
+        return value
 
     def reach_of(self, node: ast.AST) -> Reach | None:
         """Whether the statement or call ``node`` runs (None: the run never came to it)."""
@@ -733,20 +752,18 @@ class Run:
         """What ``name`` is at module level of ``module``: vLLM's definitions (an instance a module builds
         included, through its imports), another package's object, a constant; a name bound nowhere (a snippet
         that leaves its imports out) reads as another package's object of that name."""
-        key = (module, name)
-        if key in self._module_values:
-            return self._module_values[key]
-        self._module_values[key] = Unknown(name)  # a cycle reads as unknown
-        found = self.follower.resolve(module, name)
-        if found:
-            value: V = one_of(*(Def(d) for d in found))
-        else:
+
+        def compute() -> V:
+            found = self.follower.resolve(module, name)
+            if found:
+                return one_of(*(Def(d) for d in found))
             value = self._module_binding(module, name, depth)
             if value is None:
                 origin = self.follower.external(module, name)
                 value = Ext(origin) if origin is not None else (Ext(name) if depth == 0 else Unknown(name))
-        self._module_values[key] = value
-        return value
+            return value
+
+        return self._shared(("module value", module, name, depth == 0), compute, Unknown(name))
 
     def _module_binding(self, module: str, name: str, depth: int) -> V | None:
         """``name`` bound at module level by an assignment (evaluated there: a constant, an instance) or by an
@@ -1659,10 +1676,10 @@ class Run:
             self._write(f"{callee.caller_paths[head]}.{rest}", value, st)
 
     def _resolve_deferred(self, deferred: Deferred) -> V:
-        key = ("deferred", id(deferred.node), deferred.args, deferred.kwargs, self.case)
-        if key in self._cache:
-            return self._cache[key]
-        self._cache[key] = Unknown(f"{_short(deferred.node)} (recursive)")
+        key = ("deferred", id(deferred.node), deferred.args, deferred.kwargs, self.case, self.lazy)
+        return self._shared(key, lambda: self._compute_deferred(deferred), Unknown(f"{_short(deferred.node)}"))
+
+    def _compute_deferred(self, deferred: Deferred) -> V:
         self._quiet += 1
         try:
             frame = _Frame(deferred.defn, deferred.defn.node or ast.Lambda(), (), self.max_depth - 2)  # type: ignore
@@ -1676,19 +1693,17 @@ class Run:
                 )
             else:
                 result = self._dispatch_one(callee, deferred.node, args, kwargs, state, frame)
-            result = self.force(result)
+            return self.force(result)
         finally:
             self._quiet -= 1
-        self._cache[key] = result
-        return result
 
     def _resolve(self, pending: Pending) -> V:
-        key = (id(pending.defn.node), pending.bound, pending.args, pending.kwargs, self.case)
-        if key in self._cache:
-            return self._cache[key]
-        self._cache[key] = Unknown(f"{pending.defn.qualname}() (recursive)")
+        key = ("pending", id(pending.defn.node), pending.bound, pending.args, pending.kwargs, self.case, self.lazy)
+        return self._shared(key, lambda: self._compute_pending(pending), Unknown(f"{pending.defn.qualname}()"))
+
+    def _compute_pending(self, pending: Pending) -> V:
         if self.budget <= 0:
-            return self._cache[key]
+            return Unknown(f"{pending.defn.qualname}() (not followed further)")
         self.budget -= 1
         self._quiet += 1
         try:
@@ -1710,10 +1725,9 @@ class Run:
             body, _, _ = self._body(pending.defn, pending.defn.node, frozenset(), callee.self_class)
             end = self._block(body, _State(env, Reach.YES), callee)
             result, _ = self._finish(callee, end)
+            return result
         finally:
             self._quiet -= 1
-        self._cache[key] = result
-        return result
 
 
 @dataclass(frozen=True)

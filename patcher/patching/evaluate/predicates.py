@@ -34,12 +34,12 @@ from patch_dsv4.patching.patch import Context
 
 
 class Evaluator:
-    """The evaluator of one Context: its runs share the facility and the results of helpers they call."""
+    """The evaluator of one Context: its runs share the facility and, through the context's memo, the results of
+    helpers they call (each replaying the files it read)."""
 
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
         self.follower = Follower(ctx)
-        self._cache: dict = {}
 
     @classmethod
     def of(cls, ctx: Context) -> Evaluator:
@@ -64,7 +64,7 @@ class Evaluator:
     ) -> Run:
         """``defn`` executed under ``case`` (see :class:`Run`); with ``focus``, only what may change those names
         and attribute paths; ``lazy``, without evaluating helpers whose results only tests read."""
-        run = Run(self.follower, case, sink, cache=self._cache, lazy=lazy)
+        run = Run(self.follower, case, sink, lazy=lazy)
         return run.start(defn, bind=bind, self_value=self_value, given=given, focus=focus)
 
 
