@@ -24,10 +24,13 @@ def test_every_release_is_recorded():
 
 @pytest.mark.parametrize("version", RELEASE_PARAMS)
 def test_recorded_anchors_agree_with_the_wheel(version):
-    path = anchors_store.anchors_path(version)
-    committed = path.read_text(encoding="utf-8") if path.exists() else "(missing)"
+    def text(path):
+        return path.read_text(encoding="utf-8") if path.exists() else "(missing)"
+
+    committed = text(anchors_store.anchors_path(version)), text(anchors_store.probes_path(version))
     with open_wheel(wheel("vllm", version)) as target:
-        fresh = anchors_store.dumps(record(target, wheel_name=wheel("vllm", version).name))
+        main, probes = anchors_store.split(record(target, wheel_name=wheel("vllm", version).name))
+    fresh = anchors_store.dumps(main), anchors_store.dumps(probes)
     assert committed == fresh, (
         f"anchors/vllm-{version}.json differs from a fresh record of the wheel (a patch or the engine changed "
         f"what it records). If the change is intended, re-record with: {RERECORD}"

@@ -28,6 +28,10 @@ each candidate is followed):
 - ``Path.evidence()``: ``file:Qualified.name:line -> ...``, the path followed.
 - ``calls_in(func)`` / ``attribute_loads(func, "weight")``: the calls a function makes itself, and its reads
   of an attribute (``x.weight``, ``getattr(x, "weight")``), for properties checked along a walk.
+- For the evaluator (:mod:`patch_dsv4.patching.evaluate`): ``f.instances_of_attribute(cls, attr)`` (what
+  ``self.<attr>`` holds, each with the call that built it), ``f.super_method(owner, self_class, name)``
+  (``super().name``), ``f.external(module, name)`` (the dotted origin of another package's name),
+  ``f.is_dataclass(cls)`` / ``f.dataclass_default(cls, field)``, ``f.sets_attribute(cls, name)``.
 """
 
 from __future__ import annotations
