@@ -754,6 +754,9 @@ class Run:
         that leaves its imports out) reads as another package's object of that name."""
 
         def compute() -> V:
+            settings = self._settings_import(module, name)
+            if settings is not None:  # vllm.envs: its attributes are the user's settings, its file is not read
+                return settings
             found = self.follower.resolve(module, name)
             if found:
                 return one_of(*(Def(d) for d in found))
@@ -764,6 +767,25 @@ class Run:
             return value
 
         return self._shared(("module value", module, name, depth == 0), compute, Unknown(name))
+
+    def _settings_import(self, module: str, name: str) -> V | None:
+        """``name`` where ``module`` binds it to a settings module (``from vllm import envs``)."""
+        from patch_dsv4.patching.follow import absolute_module
+
+        file = self.follower.module_file(module)
+        tree = self.follower.ctx.ast(file) if file else None
+        for stmt in _module_bindings(tree).get(name, ()) if tree is not None else ():
+            if isinstance(stmt, ast.ImportFrom):
+                for alias in stmt.names:
+                    if (alias.asname or alias.name) == name:
+                        source = absolute_module(module, file.endswith("__init__.py"), stmt.level, stmt.module)
+                        if f"{source}.{alias.name}" in tables.SETTINGS_MODULES:
+                            return Def(Definition("module", f"{source}.{alias.name}", "", alias.name, None))
+            if isinstance(stmt, ast.Import):
+                for alias in stmt.names:
+                    if alias.asname == name and alias.name in tables.SETTINGS_MODULES:
+                        return Def(Definition("module", alias.name, "", alias.name, None))
+        return None
 
     def _module_binding(self, module: str, name: str, depth: int) -> V | None:
         """``name`` bound at module level by an assignment (evaluated there: a constant, an instance) or by an
@@ -800,9 +822,13 @@ class Run:
             source = absolute_module(
                 frame.defn.module, frame.defn.file.endswith("__init__.py"), stmt.level, stmt.module
             )
+            if f"{source}.{alias.name}" in tables.SETTINGS_MODULES:
+                return Def(Definition("module", f"{source}.{alias.name}", "", alias.name, None))
             if source == "vllm" or source.startswith("vllm."):
                 return self.module_value(source, alias.name, depth=1)
             return Ext(f"{source}.{alias.name}")
+        if alias.asname and alias.name in tables.SETTINGS_MODULES:
+            return Def(Definition("module", alias.name, "", alias.name, None))
         dotted = alias.name if alias.asname else alias.name.split(".")[0]
         if dotted == "vllm" or dotted.startswith("vllm."):
             found = self.follower._module(dotted)  # noqa: SLF001 - the facility's module definitions
