@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from patch_dsv4.doctor.readers.base import FAIL, INFO, PASS, SKIP, WARN, DoctorContext, Row, Runtime, check
+from patch_dsv4.doctor.readers.family import V4
 from patch_dsv4.doctor.readers.serving_env import (
     distributions,
     elf_machine,
@@ -294,7 +295,8 @@ def recommended_flashinfer(runtime: Runtime) -> tuple[str, str]:
     return "0.6.18", note
 
 
-@check("rt.flashinfer", needs=("runtime", "pack"))
+# V4.1 decodes with sliding_window, not index_topk: v41.flashinfer
+@check("rt.flashinfer", needs=("runtime", "pack"), family=V4)
 def flashinfer_decode(ctx: DoctorContext) -> Row:
     """Has the installed FlashInfer an SM120 DeepSeek-V4 decode kernel for this pack?
 
