@@ -60,18 +60,18 @@ def check_source(ctx: DoctorContext) -> list[Row]:
 def _register_checks() -> None:
     """Import the check modules (checks.MODULES): registration order is report order (pack, runtime,
     environment, host)."""
-    for module in MODULES:
-        importlib.import_module(f"{__package__}.checks.{module.name}")
+    for name, _, _ in MODULES:
+        importlib.import_module(f"{__package__}.checks.{name}")
     # Report order is MODULES' order, whichever module another import registered first (a check module
     # may import another); within a module, the order its checks are defined in. run's own row comes first.
-    rank = {f"{__package__}.checks.{module.name}": i for i, module in enumerate(MODULES)}
+    rank = {f"{__package__}.checks.{name}": i for i, (name, _, _) in enumerate(MODULES)}
     CHECKS.sort(key=lambda spec: rank.get(spec.fn.__module__, -1))
 
 
 def pack_checks() -> list[CheckSpec]:
     """The pack's checks (the modules that read only the pack, its config and vLLM's files), in report order."""
     _register_checks()
-    modules = {f"{__package__}.checks.{module.name}" for module in MODULES if module.pack_only}
+    modules = {f"{__package__}.checks.{name}" for name, pack_only, _ in MODULES if pack_only}
     return [spec for spec in CHECKS if spec.fn.__module__ in modules]
 
 

@@ -6,41 +6,32 @@ imports torch, vLLM, exllamav3 or the plugin, never loads a weight, never writes
 rows. A check says at its registration which packs it is for (``family=``): nothing else lists them.
 
 May import: patch_dsv4.doctor.readers; patch_dsv4.patching, patch_dsv4.tree and patch_dsv4.output (overlay
-resolves the names an overlaid file's importers ask for with the engine's resolver).
+resolves the names an overlaid file's importers ask for with the engine's resolver; rt.patches reads what a
+missing patch does at serve time from the patch itself, Patch.serve_impact).
 """
 
-from __future__ import annotations
-
-from typing import NamedTuple
-
-
-class CheckModule(NamedTuple):
-    name: str  # the module in this package
-    pack_only: bool  # its checks read only the pack, its config and vLLM's files (run.pack_checks)
-    concern: str
-
-
+# (module, whether its checks read only the pack, its config and vLLM's files (run.pack_checks), its concern)
 MODULES = (
-    CheckModule("v41_config", True, "a DeepSeek-V4.1 pack's config, read flattened as vLLM reads it"),
-    CheckModule("config", True, "config.json and its quantization block"),
-    CheckModule("shards", True, "the shard files, the index, the links"),
-    CheckModule(
+    ("v41_config", True, "a DeepSeek-V4.1 pack's config, read flattened as vLLM reads it"),
+    ("config", True, "config.json and its quantization block"),
+    ("shards", True, "the shard files, the index, the links"),
+    (
         "experts",
         True,
         "every routed expert present, shaped as the config says, one K per layer; the trellis widths and the "
         "codebook markers",
     ),
-    CheckModule("v41_tensors", True, "a V4.1 pack's kind, its Engram tables, experts and vision tower"),
-    CheckModule("dense", True, "the weights outside the routed experts, the MTP draft, the delegate"),
-    CheckModule("model", True, "the model keys against the serving vLLM and flags"),
-    CheckModule("runtime", False, "the serving interpreter's packages"),
-    CheckModule(
+    ("v41_tensors", True, "a V4.1 pack's kind, its Engram tables, backbone, experts and vision tower"),
+    ("dense", True, "the weights outside the routed experts, the MTP draft, the delegate"),
+    ("model", True, "the model keys against the serving vLLM and flags"),
+    ("runtime", False, "the serving interpreter's packages"),
+    (
         "v41_serving",
         False,
         "V4.1's serving: DSpark, the EP filter, the topology, the indexer top-k, the streams, FlashInfer",
     ),
-    CheckModule("v41_engram", False, "the Engram tables against the host's memory"),
-    CheckModule("overlay", False, "files of vLLM overlaid from another vLLM, and the names their importers lack"),
-    CheckModule("environ", False, "environment variables and serve flags"),
-    CheckModule("host", False, "the GPUs, memory, page cache"),
+    ("v41_engram", False, "the Engram tables against the host's memory"),
+    ("overlay", False, "files of vLLM overlaid from another vLLM, and the names their importers lack"),
+    ("environ", False, "environment variables and serve flags"),
+    ("host", False, "the GPUs, memory, page cache"),
 )
