@@ -21,7 +21,8 @@ MODULES = (
         "every routed expert present, shaped as the config says, one K per layer; the trellis widths and the "
         "codebook markers",
     ),
-    ("v41_tensors", True, "a V4.1 pack's kind, its Engram tables, backbone, experts and vision tower"),
+    ("backbone", True, "every other tensor vLLM creates, layer by layer, at the top, in the vision tower and draft"),
+    ("v41_tensors", True, "a V4.1 pack's kind, its Engram tables, experts and vision tower"),
     ("dense", True, "the weights outside the routed experts, the MTP draft, the delegate"),
     ("model", True, "the model keys against the serving vLLM and flags"),
     ("runtime", False, "the serving interpreter's packages"),
