@@ -249,11 +249,13 @@ def vision_tower(g: Geometry41) -> dict[str, Tensor]:
     )
 
 
-def draft_block(g: Geometry41, m: int, dense: bool) -> dict[str, Tensor]:
+def draft_block(g: Geometry41, m: int, dense: bool, vision: bool = True) -> dict[str, Tensor]:
     """A DSpark stage ``mtp.m``: a full decoder block with 128 (source FP4, or EXL3) experts, and the
     stage's own heads (main_proj on mtp.0, the Markov and confidence heads on the last)."""
     prefix, h = f"mtp.{m}", g.hidden
     tensors = backbone(g, prefix, None, dense, g.dspark_experts)
+    if vision:  # the draft's MoE has the vision gate too: the base's 1,621 non-routed tensors count its 3 stages'
+        tensors[f"{prefix}.ffn.gate.bias_vl"] = Tensor("F32", [g.dspark_experts])
     if dense:
         tensors.update(exl3_experts(prefix, g.dspark_experts, h, g.moe_intermediate, 4))
     else:
@@ -309,7 +311,7 @@ def v41_shards(
     else:
         top["head.weight"] = Tensor("BF16", [g.vocab, g.hidden])
     units.append(top)
-    units += [draft_block(g, m, dense) for m in range(g.mtp_layers)]
+    units += [draft_block(g, m, dense, vision) for m in range(g.mtp_layers)]
     while len(units) < main:  # no shard left empty: split the largest unit
         big = max(units, key=len)
         items = list(big.items())

@@ -194,6 +194,10 @@ def odd_ones(needs: list[Need], names: dict[str, str]) -> list[str]:
     return odd
 
 
+def tensors(count: int) -> str:
+    return f"{count:,} tensor{'' if count == 1 else 's'}"
+
+
 def layer_span(layers: list[int]) -> str:
     """``0-39``, ``3, 5-9, 12`` (and ``... and N more`` past a few runs)."""
     runs: list[list[int]] = []
@@ -271,8 +275,8 @@ def check_backbone(ctx: DoctorContext) -> Row:
         return Row(
             "backbone.complete",
             FAIL,
-            f"[silent] {total:,} tensors vLLM creates are missing: {'; '.join(clauses)}{extra}. vLLM "
-            f"would serve with them uninitialised and report nothing: fluent garbage{note}.",
+            f"[silent] {tensors(total)} vLLM creates {'are' if total != 1 else 'is'} missing: {'; '.join(clauses)}"
+            f"{extra}. vLLM would serve with them uninitialised and report nothing: fluent garbage{note}.",
             _fix(ctx, groups),
         )
     if found or odd:
@@ -280,7 +284,7 @@ def check_backbone(ctx: DoctorContext) -> Row:
         if found:
             total, clauses, groups = summary(found)
             parts.append(
-                f"the draft lacks {total:,} tensors: {'; '.join(clauses)}; with speculative decoding its "
+                f"the draft lacks {tensors(total)}: {'; '.join(clauses)}; with speculative decoding its "
                 "stages would propose from uninitialised weights (answers stay right, fewer drafts are accepted)"
             )
         else:

@@ -16,8 +16,8 @@ with its file:line per release; ``V`` below is ``vllm/models/``):
   source also ``wk`` and ``k_norm``); the draft's layers have neither.
 - The gate: ``tid2eid`` on V4's first ``num_hash_layers`` layers; ``bias`` (loaded as ``e_score_correction_
   bias``) where ``topk_method`` is ``noaux_tc`` and the layer is not a hash layer, or on every layer of a
-  vision config from 0.30.0; ``bias_vl`` on every layer of a vision config from 0.30.0 (0.28/0.29 have no
-  vision class and create neither). V4.1 has no hash layers.
+  vision config from 0.30.0; ``bias_vl`` on every layer of a vision config from 0.30.0, the draft's stages
+  included (0.28/0.29 have no vision class and create neither). V4.1 has no hash layers.
 - V4.1's Engram layers (``engram_layer_ids``): ``engram.wkv``, ``engram.q_weight``, ``engram.k_weight`` (the
   table, ``engram.embed``, is v41.engram-tables').
 - The top: ``embed.weight``, ``norm.weight``, ``head`` (a linear: BF16 ``head.weight``, or EXL3); V4 also
@@ -138,7 +138,7 @@ def block_needs(layout: Layout, block: str, layer: int) -> Iterator[Need]:
         yield Need((f"{p}.ffn.gate.tid2eid",), GATES, at)
     if layout.noaux and (not hash_layer or layout.vision_gates):
         yield Need((f"{p}.ffn.gate.bias",), GATES, at)
-    if layout.vision_gates and main:  # whether a draft's config builds bias_vl was not read: not asked of it
+    if layout.vision_gates:  # the draft's MoE too: its config is the pack's (V4.1-Flash's base has the 3 stages')
         yield Need((f"{p}.ffn.gate.bias_vl",), GATES, at)
     if layout.shared_experts:
         for w in ("w1", "w2", "w3"):
