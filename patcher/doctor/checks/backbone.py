@@ -313,6 +313,8 @@ def check_backbone(ctx: DoctorContext) -> Row:
         compressed = sum(1 for r in layout.ratios if r > 1)
         indexed = sum(1 for r in layout.ratios if r == 4)
         where.append(f"compressors on {compressed} layers, indexers on {indexed}")
+    held = sum(len(storage(n, linear_state(n, names, marker)[0] or "bf16", marker)) if n.linear else 1 for n in needs)
+    tables = " and the Engram tables" if layout.engram_layers else ""
     tower = any(need.group == VISION for need in needs)
     draft = sorted({need.layer for need in needs if need.group == DRAFT and need.layer is not None})
     also = (
@@ -321,6 +323,6 @@ def check_backbone(ctx: DoctorContext) -> Row:
     return Row(
         "backbone.complete",
         PASS,
-        f"all {len(needs):,} tensors and linears vLLM creates outside the routed experts are present: "
+        f"all {held:,} tensors vLLM creates outside the routed experts{tables} are present: "
         f"{layout.layers} layers' {', '.join(kinds)} ({'; '.join(where)}), {', '.join(also)}{note}.",
     )
