@@ -256,3 +256,12 @@ def test_a_pack_on_the_hub_is_judged_as_on_disk(hub_env, tmp_path, build, status
     remote = hub_row(hub_env, pack)
     assert local.status == status
     assert (remote.status, remote.detail, remote.fix) == (local.status, local.detail, local.fix)
+
+
+def test_a_config_of_a_hundred_thousand_layers_is_not_listed_tensor_by_tensor(tmp_path):
+    def huge(config):
+        config["num_hidden_layers"] = 100_000
+        config["compress_ratios"] = [0] * 100_003
+
+    row = backbone(build_mixedk_pack(tmp_path / "pack", edit_config=huge))
+    assert row.status == "skip" and "declares 100,000 layers, more than doctor lists" in row.detail

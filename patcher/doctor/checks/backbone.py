@@ -31,13 +31,17 @@ from patch_dsv4.doctor.readers.inventory import (
     top_needs,
     vision_needs,
 )
-from patch_dsv4.doctor.readers.pack import MAX_LAYERS, PackScan, config_int, first_of, no_shards, pack_scan
+from patch_dsv4.doctor.readers.pack import PackScan, config_int, first_of, no_shards, pack_scan
 from patch_dsv4.doctor.readers.serving_env import older_than
 
 VISION_CLASS = (0, 30)  # the first vLLM with DeepSeek's vision classes (and their gates' bias_vl)
 # Where a pack's config.json may name the checkpoint it was made from (transformers writes _name_or_path).
 BASE_KEYS = ("base_model", "base_model_name_or_path", "source_model", "_name_or_path")
 SHOWN_LAYERS = 6  # layer numbers a group names before "and N more"
+# Blocks (layers, draft stages, vision blocks) doctor lists one by one: a real pack has 43 layers at most. A
+# config past it is judged by the rows that count without listing (experts.complete, v41.config).
+MAX_BLOCKS = 1024
+MAX_GROUPS = 64  # wo_a's output groups (o_groups) read: 8 in every DeepSeek-V4
 
 
 def base_of(cfg: dict) -> str | None:
@@ -66,8 +70,8 @@ def layout_of(ctx: DoctorContext, scan: PackScan) -> Layout | str:
     common = {
         "noaux": cfg.get("topk_method") == "noaux_tc",
         "shared_experts": shared_experts,
-        "o_groups": o_groups if 0 < o_groups <= 1024 else 8,
-        "vision_layers": min(max(vision_layers, 0), MAX_LAYERS),
+        "o_groups": o_groups if 0 < o_groups <= MAX_GROUPS else 8,
+        "vision_layers": max(vision_layers, 0),
     }
     if family == V41:
         numbers = v41_numbers(ctx)
@@ -86,7 +90,7 @@ def layout_of(ctx: DoctorContext, scan: PackScan) -> Layout | str:
             **common,
         )
     layers = config_int(cfg, "num_hidden_layers")
-    if layers is None or not 0 < layers <= MAX_LAYERS:
+    if layers is None or layers <= 0:
         return "config.json has no usable num_hidden_layers"
     ratios = cfg.get("compress_ratios")
     if not isinstance(ratios, list) or len(ratios) < layers:
@@ -107,7 +111,8 @@ def layout_of(ctx: DoctorContext, scan: PackScan) -> Layout | str:
 
 
 def needs_of(ctx: DoctorContext, layout: Layout, scan: PackScan) -> tuple[list[Need], list[str]]:
-    """Everything the pack must hold for vLLM, and what was left unjudged (said in the row)."""
+    """Everything the pack must hold for vLLM, and what was left unjudged (said in the row). The caller has
+    checked that the layers are at most MAX_BLOCKS."""
     needs: list[Need] = []
     for layer in range(layout.layers):
         needs += block_needs(layout, "layers", layer)
@@ -117,12 +122,17 @@ def needs_of(ctx: DoctorContext, layout: Layout, scan: PackScan) -> tuple[list[N
     if has_tower and layout.vision_layers and layout.vision_gates:
         if images_off(ctx):
             notes.append("the vision tower was not judged: the serve line turns images off")
+        elif layout.vision_layers > MAX_BLOCKS:
+            notes.append(f"the vision tower was not judged: {layout.vision_layers:,} blocks, more than doctor lists")
         else:
             needs += vision_needs(layout)
     if scan.mtp_blocks:
         stages = max(max(scan.mtp_blocks) + 1, layout.draft_stages)
-        mtp_style = any(n.startswith("mtp.") and ".e_proj." in n for n in scan.others)
-        needs += draft_needs(layout, min(stages, MAX_LAYERS), mtp_style)
+        if stages > MAX_BLOCKS:
+            notes.append(f"the draft was not judged: {stages:,} stages, more than doctor lists")
+        else:
+            mtp_style = any(n.startswith("mtp.") and ".e_proj." in n for n in scan.others)
+            needs += draft_needs(layout, stages, mtp_style)
     return needs, notes
 
 
@@ -261,6 +271,13 @@ def check_backbone(ctx: DoctorContext) -> Row:
     layout = layout_of(ctx, scan)
     if isinstance(layout, str):
         return Row("backbone.complete", SKIP, layout + ".")
+    if layout.layers > MAX_BLOCKS:
+        return Row(
+            "backbone.complete",
+            SKIP,
+            f"config.json declares {layout.layers:,} layers, more than doctor lists tensor by tensor "
+            f"({MAX_BLOCKS:,}; a DeepSeek-V4 has 43): see the rows that count the experts.",
+        )
     needs, notes = needs_of(ctx, layout, scan)
     names = scan.others
     markers = Counter(scan.routed_marker_suffixes)
