@@ -61,7 +61,7 @@ def test_v41_without_wq_b_and_wo_b_on_layers_5_to_39_fails(tmp_path):
         "[silent] 140 tensors vLLM creates are missing: attention 140 on layers 5-39 "
         "(first: layers.5.attn.wq_b.weight)."
     ), row.detail
-    assert "Restore the missing attention tensors" in row.fix
+    assert "Restore the missing tensors (attention) from the checkpoint the pack was made from" in row.fix
 
 
 @pytest.mark.parametrize(
@@ -104,7 +104,7 @@ def test_the_vcruz305_pack_without_its_backbone_is_counted_as_its_issue_13_says(
         "hc_* 240 on layers 0-39 (first: layers.0.hc_attn_fn); gates 120 on layers 0-39 (first: "
         "layers.0.ffn.gate.weight); ffn_norm 40 on layers 0-39 (first: layers.0.ffn_norm.weight). "
     ), row.detail
-    assert "attention, shared experts, hc_*, gates, ffn_norm tensors" in row.fix
+    assert "Restore the missing tensors (attention, shared experts, hc_*, gates, ffn_norm)" in row.fix
     assert "fix_missing_backbone.py" in row.fix
 
 

@@ -241,18 +241,21 @@ def summary(found: list[tuple[Need, list[str]]]) -> tuple[int, list[str], list[s
     return sum(counts.values()), clauses, groups
 
 
+# The groups vcruz305's scripts/fix_missing_backbone.py restores (the main layers' names but experts and engram.)
+REPAIRED_BY_VCRUZ = frozenset({"attention", "shared experts", "hc_*", "gates", "ffn_norm"})
+
+
 def _fix(ctx: DoctorContext, groups: list[str]) -> str:
-    cfg = ctx.config()
-    base = base_of(cfg)
+    base = base_of(ctx.config())
     where = (
         f"from {base}, the checkpoint config.json names as the pack's base, at the revision the pack was made from"
         if base
         else "from the checkpoint the pack was made from, at that revision (config.json names none)"
     )
-    text = f"Restore the missing {', '.join(groups)} tensors {where}"
-    if ctx.pack_family() == V41:
-        text += " (vcruz305's scripts/fix_missing_backbone.py does this for its 4.75bpw V4.1 pack)"
-    return text + "; or re-download the pack once its publisher has restored them. doctor --json lists the groups."
+    text = f"Restore the missing tensors ({', '.join(groups)}) {where}"
+    if ctx.pack_family() == V41 and set(groups) <= REPAIRED_BY_VCRUZ:
+        text += "; vcruz305's scripts/fix_missing_backbone.py does this for its 4.75bpw V4.1 pack"
+    return text + "; or re-download the pack once its publisher has restored them."
 
 
 @check("backbone.complete", needs=("pack",))
@@ -312,7 +315,7 @@ def check_backbone(ctx: DoctorContext) -> Row:
                 "doctor reads it has no parameter for it: a pack cut unevenly, or a tensor doctor does not know)"
             )
         fix = (
-            _fix(ctx, groups or ["layer"])
+            _fix(ctx, groups) + " Or serve without --speculative-config."
             if found
             else (
                 "Compare the layer with the others of its kind and restore what it lacks from the checkpoint the pack "
