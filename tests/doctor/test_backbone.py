@@ -181,6 +181,12 @@ def test_a_name_the_other_layers_of_its_kind_carry_is_named(tmp_path):
 
     row = backbone(build_v41_pack(tmp_path / "pack", FLASH, edit_tensors=odd))
     assert row.status == WARN and "layers.22.attn.extra_gain is missing where the other layers" in row.detail
+    assert "(and " not in row.detail.split(" is missing")[0]  # that layer alone
+
+    def one_extra(shards):  # one layer's extra tensor is no gap in the 28 others
+        next(iter(shards.values()))["layers.21.attn.extra_gain"] = Tensor("F32", [64])
+
+    assert backbone(build_v41_pack(tmp_path / "one", FLASH, edit_tensors=one_extra)).status == PASS
 
 
 def test_the_draft_alone_missing_a_tensor_is_a_warning(tmp_path):

@@ -176,7 +176,7 @@ def missing_names(needs: list[Need], names: dict[str, str], marker: str) -> list
 
 
 def odd_ones(needs: list[Need], names: dict[str, str]) -> list[str]:
-    """Names that other main layers of the same kind (the same inventory) carry and one layer lacks, beyond
+    """Names that most main layers of a kind (the same inventory) carry and a layer of that kind lacks, beyond
     what the inventory asks: a tensor of vLLM's this inventory would not know, or a pack cut unevenly."""
     by_layer: dict[int, list[Need]] = defaultdict(list)
     for need in needs:
@@ -197,10 +197,10 @@ def odd_ones(needs: list[Need], names: dict[str, str]) -> list[str]:
     for layers in kinds.values():
         if len(layers) < 2:
             continue
-        everywhere = set().union(*(carried[layer] for layer in layers))
+        counts = Counter(suffix for layer in layers for suffix in carried[layer])
+        usual = {suffix for suffix, n in counts.items() if 2 * n > len(layers)}
         for layer in sorted(layers):
-            lacking = everywhere - carried[layer] - judged[layer]
-            odd += [f"layers.{layer}.{suffix}" for suffix in sorted(lacking)]
+            odd += [f"layers.{layer}.{suffix}" for suffix in sorted(usual - carried[layer] - judged[layer])]
     return odd
 
 
@@ -229,15 +229,12 @@ def summary(found: list[tuple[Need, list[str]]]) -> tuple[int, list[str], list[s
         if need.layer is not None:
             layers[need.group].append(need.layer)
         first.setdefault(need.group, missing[0])
-    clauses = []
-    for group in (g for g in GROUPS if counts[g]):
-        where = ""
-        if layers[group]:
-            what = "stage" if group == DRAFT else "layer"
-            where = f" on {what}s {layer_span(layers[group])}" if len(set(layers[group])) > 1 else f" on {what} "
-            where += "" if len(set(layers[group])) > 1 else str(layers[group][0])
-        clauses.append(f"{group} {counts[group]:,}{where} (first: {first[group]})")
     groups = [g for g in GROUPS if counts[g]]
+    clauses = []
+    for group in groups:
+        where, what = set(layers[group]), "stage" if group == DRAFT else "layer"
+        on = f" on {what}s {layer_span(list(where))}" if len(where) > 1 else f" on {what} {min(where)}" if where else ""
+        clauses.append(f"{group} {counts[group]:,}{on} (first: {first[group]})")
     return sum(counts.values()), clauses, groups
 
 
