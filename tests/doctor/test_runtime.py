@@ -126,6 +126,18 @@ def test_pending_patch_names_its_late_symptom(tmp_path):
     assert row.fix == f"patch-dsv4 apply --site-packages {deployment.site}"
 
 
+def test_every_patch_says_what_serving_without_it_does_and_doctor_prints_that(tmp_path):
+    """The serve-time impact lives on the patch (Patch.serve_impact), not in a doctor table keyed by id."""
+    from patch_dsv4.patching.registry import discover_patches
+
+    deployment = vcruz305(tmp_path)
+    for patch in discover_patches():
+        assert patch.serve_impact, patch.id
+        deployment.set_verdict(patch.id, "drifted")
+        row = _patch_row(deployment.context(), patch.id)
+        assert row.status == "fail" and f"without it {patch.serve_impact}." in row.detail
+
+
 def test_without_verdicts_the_patch_row_is_skipped(tmp_path):
     deployment = vcruz305(tmp_path)
     deployment.change_runtime(patch_verdicts=None)

@@ -24,6 +24,7 @@ from patch_dsv4.doctor.readers.base import (
     check,
     clip,
 )
+from patch_dsv4.doctor.readers.family import V4
 from patch_dsv4.doctor.readers.files import read_regular_file
 from patch_dsv4.doctor.readers.pack import INDEX_NAME, pack_index, pack_scan
 from patch_dsv4.doctor.readers.serving_env import (
@@ -182,7 +183,7 @@ def _switch_on(value: str | None) -> bool:
         return False
 
 
-@check("env.shared-stream", needs=("pack",))
+@check("env.shared-stream", needs=("pack",), family=V4)  # V4.1: v41.shared-stream, from the headers
 def shared_expert_stream(ctx: DoctorContext) -> Row:
     """EXL3 shared experts need vLLM's second shared-expert stream switched off.
 
@@ -206,7 +207,7 @@ def shared_expert_stream(ctx: DoctorContext) -> Row:
     )
 
 
-@check("env.aux-streams", needs=("runtime", "pack"))
+@check("env.aux-streams", needs=("runtime", "pack"), family=V4)  # V4.1: v41.aux-streams (the compressor only)
 def attention_aux_streams(ctx: DoctorContext) -> Row:
     """EXL3 attention linears must stay off vLLM's DeepSeek-V4 auxiliary streams.
 
@@ -280,7 +281,7 @@ def plugin_loads_wo_a_slices(ctx: DoctorContext) -> bool | None:
     return any(name in text for name in SLICE_AWARE_LOADER)
 
 
-@check("env.dense-exl3", needs=("runtime", "pack"))
+@check("env.dense-exl3", needs=("runtime", "pack"), family=V4)  # V4.1: v41.pack-kind
 def dense_exl3_patches(ctx: DoctorContext) -> Row:
     """A pack with EXL3 attention or compressor linears needs the dense-exl3 patches (and aux-streams).
 

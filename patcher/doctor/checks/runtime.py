@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from patch_dsv4.doctor.readers.base import FAIL, INFO, PASS, SKIP, WARN, DoctorContext, Row, Runtime, check
+from patch_dsv4.doctor.readers.family import V4
 from patch_dsv4.doctor.readers.serving_env import (
     distributions,
     elf_machine,
@@ -159,28 +160,15 @@ def vllm_route(ctx: DoctorContext) -> Row:
     return Row("rt.vllm-route", INFO, f"vLLM {version}{fi} serves DeepSeek-V4 text and DSpark (no vision class).")
 
 
-# What each patch prevents, as the user would meet it after the long load (DOCTOR-FACTS D, rt.patches).
-LATE_SYMPTOM = {
-    "dtype-policy": (
-        "the BF16 wo_a reaches the FP8-only O projection: AttributeError ... weight_scale_inv at the first forward, "
-        "or empty text"
-    ),
-    "loader-skips": "the 0.28/0.29 loader meets the vision pack's extra tensors: KeyError part-way through the load",
-    "stream-load": (
-        "the vision loader sorts the checkpoint and holds the whole pack in host memory: a 128 GB unified-memory box "
-        "wedges mid-load"
-    ),
-    "wide-swa": (
-        "vision prefill fails at warm-up with 'Unsupported sparse-MLA prefill configuration ... topk=512' "
-        "(text works, images return 500)"
-    ),
-    "aux-streams": "EXL3 attention linears run on vLLM's auxiliary CUDA streams (decode deadlock risk)",
-    "dense-exl3": (
-        "an EXL3 attention or compressor linear has no parameter (KeyError mid-load) or no .weight "
-        "(AttributeError at the first forward)"
-    ),
-    "exl3-wo-a-slices": "the loader has no mapping for attn.wo_a.slice.G: KeyError part-way through the load",
-}
+def serve_impact(patch_id: str) -> str:
+    """What serving without ``patch_id`` does, as its Patch class says (``Patch.serve_impact``). The patches are
+    imported only here, for a patch that is needed and missing (~0.3 s): doctor's usual run never pays for it."""
+    from patch_dsv4.patching.registry import discover_patches
+
+    impact = {patch.id: patch.serve_impact for patch in discover_patches()}.get(patch_id)
+    return impact or "the fix it carries is missing"
+
+
 _GOOD_VERDICTS = ("applied", "upstream", "not-applicable")
 
 
@@ -201,7 +189,6 @@ def patches(ctx: DoctorContext) -> list[Row]:
     target = target_option(runtime)
     rows = []
     for patch_id, verdict in verdicts.items():
-        symptom = LATE_SYMPTOM.get(patch_id, "the fix it carries is missing")
         if verdict in _GOOD_VERDICTS:
             rows.append(Row("rt.patches", PASS, f"patch {patch_id} is {verdict} on vLLM {version}."))
         elif verdict == "opt-in":
@@ -214,6 +201,7 @@ def patches(ctx: DoctorContext) -> list[Row]:
                 )
             )
         elif verdict == "pending":
+            symptom = serve_impact(patch_id)
             rows.append(
                 Row(
                     "rt.patches",
@@ -223,6 +211,7 @@ def patches(ctx: DoctorContext) -> list[Row]:
                 )
             )
         elif verdict == "modified":
+            symptom = serve_impact(patch_id)
             rows.append(
                 Row(
                     "rt.patches",
@@ -233,6 +222,7 @@ def patches(ctx: DoctorContext) -> list[Row]:
                 )
             )
         elif verdict == "drifted":
+            symptom = serve_impact(patch_id)
             rows.append(
                 Row(
                     "rt.patches",
@@ -294,7 +284,8 @@ def recommended_flashinfer(runtime: Runtime) -> tuple[str, str]:
     return "0.6.18", note
 
 
-@check("rt.flashinfer", needs=("runtime", "pack"))
+# V4.1 decodes with sliding_window, not index_topk: v41.flashinfer
+@check("rt.flashinfer", needs=("runtime", "pack"), family=V4)
 def flashinfer_decode(ctx: DoctorContext) -> Row:
     """Has the installed FlashInfer an SM120 DeepSeek-V4 decode kernel for this pack?
 

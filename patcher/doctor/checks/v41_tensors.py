@@ -1,7 +1,7 @@
 """DeepSeek-V4.1 packs: what the shards hold (v41-packs.md §2), read from the one header scan.
 
-v41.pack-kind, v41.engram-tables, v41.backbone, v41.experts, v41.vision. The silent failures come
-first: a pack without its Engram tables or its backbone loads and answers with fluent garbage,
+v41.pack-kind, v41.engram-tables, v41.experts, v41.vision (the backbone is backbone.complete's, for both
+families). The silent failures come first: a pack without its Engram tables loads and answers with fluent garbage,
 because vLLM does not track unloaded weights of quantized models (V34 default_loader.py:549-551).
 """
 
@@ -273,58 +273,6 @@ def check_engram_tables(ctx: DoctorContext) -> Row:
             'Serve with the kit that reads engram_table_dir, or set "engram_table_dir": null.',
         )
     return Row("v41.engram-tables", PASS, detail)
-
-
-def expected_families(numbers: V41Numbers, layer: int) -> list[str]:
-    families = ["attention", "mHC", "router", "shared expert", "norms"]
-    if layer in numbers.kv_sources:
-        families.append("compressor")
-    if layer in numbers.index_sources:
-        families.append("indexer")
-    if layer in numbers.engram_layers:
-        families.append("Engram projection")
-    return families
-
-
-@check("v41.backbone", needs=("pack",), family=V41)
-def check_backbone(ctx: DoctorContext) -> Row:
-    """FAIL [silent] when a family of v41-packs.md §2.1 is missing on some layer (attention, mHC, router,
-    shared expert, norms; the compressor on ``kv_source_layer_ids``, the indexer on
-    ``index_source_layer_ids``, the Engram projection on ``engram_layer_ids``) or the embedding/head is
-    absent: vLLM serves with those parameters uninitialised, "deterministic word salad" (VC
-    scripts/fix_missing_backbone.py @9fa470ef: the 4.75bpw pack shipped without them)."""
-    numbers, skip = _skip_without_numbers("v41.backbone", ctx)
-    if skip:
-        return skip
-    scan = pack_scan(ctx)
-    families = scan.v41.families
-    lacking: dict[str, list[int]] = {}
-    for layer in range(numbers.layers):
-        for name in expected_families(numbers, layer):
-            if layer not in families.get(name, ()):
-                lacking.setdefault(name, []).append(layer)
-    top = scan.v41.top
-    absent_top = [n for n in ("embed.weight", "norm.weight") if n not in top]
-    if not any(n in top for n in ("head.weight", "head.trellis")):
-        absent_top.append("head.weight (or EXL3 head.trellis)")
-    if lacking or absent_top:
-        parts = [
-            f"{name} on {plural(len(layers), 'layer')} (first: layer {layers[0]})" for name, layers in lacking.items()
-        ] + absent_top
-        return Row(
-            "v41.backbone",
-            FAIL,
-            f"[silent] the pack lacks {first_of(parts)}; vLLM would serve with those parameters uninitialised "
-            '("deterministic word salad") and report nothing.',
-            "Re-download the pack, or add the base revision's tensors for them (vcruz305's "
-            "scripts/fix_missing_backbone.py does this for its 4.75bpw pack).",
-        )
-    return Row(
-        "v41.backbone",
-        PASS,
-        f"all {numbers.layers} layers carry attention, mHC, router, shared expert and norms; compressors on "
-        f"{list(numbers.kv_sources)}, indexers on {list(numbers.index_sources)}; embed, norm and head present.",
-    )
 
 
 @check("v41.experts", needs=("pack",), family=V41)
