@@ -77,21 +77,60 @@ def _say(message: str) -> None:
 
 
 def _opt_ins(with_: list[str] | None) -> list[str]:
-    """The opt-ins asked for: $PATCH_DSV4_WITH (comma-separated ids, checked), then ``--with``."""
+    """The opt-ins asked for: $PATCH_DSV4_WITH (comma-separated ids), then ``--with``; each must be an opt-in patch.
+
+    A patch applied by default (``--with stream-load``) is refused as an unknown one is, from either source: the
+    user asked for something ``--with`` does not do, and the next command is theirs without it.
+    """
     from patch_dsv4.fastpath import serving
     from patch_dsv4.patching.registry import discover_patches
 
-    asked = serving.opt_ins_from_env()
-    if asked:
-        known = sorted(p.id for p in discover_patches() if p.opt_in)
-        unknown = serving.unknown_opt_ins(asked, known)
-        if unknown:
-            raise PatcherError(
-                f"{serving.ENV_WITH} names {', '.join(unknown)}, which is no opt-in patch",
-                f"the opt-ins are {', '.join(known)}",
-                f"set {serving.ENV_WITH} to some of them, comma-separated (patch-dsv4 list says what each does)",
+    patches = discover_patches()
+    opt_ins = sorted(p.id for p in patches if p.opt_in)
+    defaults = {p.id for p in patches if not p.opt_in}
+    from_env, given = serving.opt_ins_from_env(), list(with_ or [])
+    for source, ids in ((serving.ENV_WITH, from_env), ("--with", given)):
+        bad = [pid for pid in ids if pid not in opt_ins]
+        if not bad:
+            continue
+        default = [pid for pid in bad if pid in defaults]
+        named = f"{source} {','.join(bad)}" if source == "--with" else f"{source}={','.join(ids)}"
+        if default:
+            what = f"{named}: {', '.join(default)} {'is' if len(default) == 1 else 'are'} no opt-in patch"
+            why = (
+                f"apply applies {', '.join(default)} by default wherever this vLLM needs it; {source} names "
+                f"opt-in patches only ({', '.join(opt_ins)})"
             )
-    return list(dict.fromkeys([*asked, *(with_ or [])]))
+        else:
+            what = f"{named}: no opt-in patch {', '.join(bad)}"
+            why = f"the opt-in patches are {', '.join(opt_ins)} (patch-dsv4 list says what each does)"
+        raise PatcherError(what, why, _without(source, bad, ids))
+    return list(dict.fromkeys([*from_env, *given]))
+
+
+#: The command line being run (``run`` sets it): a "next" that repeats it, mended, is a command that works.
+_ARGS: list[str] = []
+
+
+def _without(source: str, bad: list[str], ids: list[str]) -> str:
+    """The command line being run without the ids in ``bad`` (from ``--with`` or from $PATCH_DSV4_WITH)."""
+    import shlex
+
+    from patch_dsv4.fastpath import serving
+
+    args, kept = list(_ARGS), []
+    if source == "--with":
+        i = 0
+        while i < len(args):
+            name, eq, value = args[i].partition("=")
+            if name == "--with" and (value if eq else (args[i + 1] if i + 1 < len(args) else None)) in bad:
+                del args[i : i + (1 if eq else 2)]
+                continue
+            i += 1
+        return "patch-dsv4 " + shlex.join(args)
+    kept = [pid for pid in ids if pid not in bad]
+    prefix = f"{serving.ENV_WITH}={','.join(kept)} " if kept else f"env -u {serving.ENV_WITH} "
+    return prefix + "patch-dsv4 " + shlex.join(args)
 
 
 def _lock_wait(holder: str) -> None:
@@ -111,30 +150,39 @@ def _finish(document, fmt: str, verbosity: int = 0) -> None:
 
 
 @app.command("list")
-def list_patches(fmt: Format = FormatOption, as_json: bool = JsonFlag) -> None:
-    """The patches: what each fixes, why, and where."""
-    from patch_dsv4.output.render import write_json
+def list_patches(
+    patch_ids: list[str] | None = typer.Argument(None, metavar="[ID]...", help="Show what these patches fix and why."),
+    fmt: Format = FormatOption,
+    as_json: bool = JsonFlag,
+    verbose: bool = typer.Option(False, "-v", "--verbose", help="Show what every patch fixes and why."),
+) -> None:
+    """The patches, a line each; what each fixes and why: -v or an ID."""
+    from patch_dsv4.output.render import Style, list_lines, why_lines, write_json
     from patch_dsv4.output.verdicts import JSON_SCHEMA
     from patch_dsv4.patching.registry import discover_patches
 
     patches = discover_patches()
+    known = [p.id for p in patches]
+    unknown = [pid for pid in patch_ids or () if pid not in known]
+    if unknown:
+        raise PatcherError(f"no patch {', '.join(unknown)}", f"the patches are {', '.join(known)}", "patch-dsv4 list")
+    shown = [p for p in patches if p.id in patch_ids] if patch_ids else patches
     fmt_name = _format(fmt, as_json)
     if fmt_name == "json":
         data = [
-            {"id": p.id, "title": p.title, "why": p.why(), "opt_in": p.opt_in, "files": list(p.files())}
-            for p in patches
+            {"id": p.id, "title": p.title, "why": p.why(), "opt_in": p.opt_in, "files": list(p.files())} for p in shown
         ]
         write_json({"schema": JSON_SCHEMA, "command": "list", "exit_code": 0, "error": None, "patches": data})
         return
-    for p in patches:
-        opt = " (opt-in: apply --with " + p.id + ")" if p.opt_in else ""
-        if fmt_name == "markdown":
+    if fmt_name == "markdown":
+        for p in shown:
+            opt = " (opt-in: apply --with " + p.id + ")" if p.opt_in else ""
             sys.stdout.write(f"### `{p.id}`: {p.title}{opt}\n\n{p.why()}\n\n")
-        else:
-            sys.stdout.write(f"{p.id}: {p.title}{opt}\n\n")
-            sys.stdout.write("".join(f"    {line}\n" if line else "\n" for line in p.why().splitlines()) + "\n")
-    if fmt_name != "markdown":
-        sys.stdout.write(f"{len(patches)} patches\n")
+        return
+    style = Style.for_stream(sys.stdout)
+    rows = [(p.id, p.opt_in, p.title, p.why(), p.files()) for p in shown]
+    lines = why_lines(rows, style) if verbose or patch_ids else list_lines(rows, style)
+    sys.stdout.write("\n".join(lines) + "\n")
 
 
 @app.command()
@@ -504,6 +552,7 @@ def run(args: list[str]) -> int:
     """Run the command line; PatcherError and usage errors propagate to patch_dsv4.cli, which prints them."""
     import re
 
+    _ARGS[:] = args
     command = typer.main.get_command(app)
     try:
         code = command.main(args=args, prog_name="patch-dsv4", standalone_mode=False)

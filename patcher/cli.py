@@ -4,7 +4,7 @@
 answered from the state's hashes without importing Typer, rich or libcst
 (:mod:`patch_dsv4.fastpath.quick`), and ``doctor`` with plain options runs without Typer;
 everything else goes to the Typer app (:mod:`patch_dsv4.app`). Expected errors are short: what, why and the next
-command, each on its own line on a terminal, one line otherwise.
+command, each on lines of its own led by ``patch-dsv4: error:``, ``why:`` and ``next:``, within 80 columns.
 """
 
 import os
@@ -29,37 +29,11 @@ def _wants_json(args: list[str]) -> bool:
     )
 
 
-#: The longest error line written to a pipe or a file (a log line people read, and a grep hit).
-MAX_LINE = 200
+def print_error(what: str, why: str = "", next_step: str = "") -> None:
+    """An expected error on stderr: what, why and next, each on lines of its own that fit 80 columns."""
+    from patch_dsv4.output.render import error_text, stderr_width
 
-
-def _wrapped(line: str) -> str:
-    """``line`` folded at spaces into lines of at most MAX_LINE, the later ones led by ``patch-dsv4:   ``."""
-    import textwrap
-
-    return "\n".join(textwrap.wrap(line, MAX_LINE, subsequent_indent="patch-dsv4:   ", break_on_hyphens=False))
-
-
-def print_error(what: str, why: str = "", next_step: str = "", stream=None) -> None:
-    """An expected error: one line when piped, what / why / next on lines of their own on a terminal."""
-    stream = stream or sys.stderr
-    if hasattr(stream, "isatty") and stream.isatty():
-        stream.write(f"patch-dsv4: error: {what}\n")
-        if why:
-            stream.write(f"  why:  {why}\n")
-        if next_step:
-            stream.write(f"  next: {next_step}\n")
-    else:
-        text = (
-            f"patch-dsv4: error: {what}" + (f": {why}" if why else "") + (f" (next: {next_step})" if next_step else "")
-        )
-        if len(text) <= MAX_LINE:
-            stream.write(text + "\n")
-            return
-        # too long for one line: what, why and next on lines of their own, each wrapped to fit
-        for label, part in (("error", what), ("why", why), ("next", next_step)):
-            if part:
-                stream.write(_wrapped(f"patch-dsv4: {label}: {part}") + "\n")
+    sys.stderr.write(error_text(what, why, next_step, stderr_width()))
 
 
 def _fail(command: str | None, what: str, why: str, next_step: str, code: int, as_json: bool, report=None) -> int:

@@ -22,6 +22,7 @@ from patch_dsv4.output.render import short_path
 from patch_dsv4.patches.stream_load import VL_MODEL
 from patch_dsv4.patches.wide_swa import FLASHINFER_SPARSE
 from tests.conftest import ROOT, run_cli
+from tests.errors import error_lines
 from tests.releases import content_snapshot, copy_tree, hand_edit, pristine_tree, wheel
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -186,8 +187,10 @@ def test_errors_on_a_terminal_are_what_why_next_lines(make_tree):
     lines = out.strip().splitlines()
     # a comment added elsewhere changes no verdict, but the file is not pip's: apply refuses to write it
     assert lines[0].startswith(f"patch-dsv4: error: refusing to patch {VL_MODEL}")
-    assert lines[1].startswith("  why:") and lines[2].startswith("  next:")
-    assert all(len(line) < 200 for line in lines)
+    # the layout of every error, on a terminal as on a pipe: labelled lines within 80 columns
+    assert lines[1].startswith("patch-dsv4: why: ")
+    assert any(line.startswith("patch-dsv4: next: ") for line in lines[2:])
+    assert all(len(line) <= 80 for line in lines)
 
 
 # -- the next command, naming the target as the user did --------------------------------------
@@ -228,18 +231,19 @@ def test_failures_name_the_next_command_for_the_same_target(kind, three_targets)
     verify = _run(["verify", *args], env_extra)
     code = getattr(verify, "code", getattr(verify, "returncode", None))
     assert code == 1
-    assert f"patch-dsv4: run: patch-dsv4 apply{target_args}\n" in verify.stderr, verify.stderr
+    assert error_lines(verify.stderr)[-1].endswith(f"(next: patch-dsv4 apply{target_args})"), verify.stderr
 
     hand_edit(tree / VL_MODEL, (tree / VL_MODEL).read_text() + "\n# a local hotfix\n")
     refused = _run(["apply", *args], env_extra)
     assert getattr(refused, "code", getattr(refused, "returncode", None)) == 1
+    (said,) = error_lines(refused.stderr)
     if kind == "site-packages":
-        assert f"pip install --no-deps --force-reinstall --upgrade --target {tree} vllm==0.30.0" in refused.stderr
+        assert f"pip install --no-deps --force-reinstall --upgrade --target {tree} vllm==0.30.0" in said
     elif kind == "python":
-        assert f"{args[1]} -m pip install --no-deps --force-reinstall vllm==0.30.0" in refused.stderr
+        assert f"{args[1]} -m pip install --no-deps --force-reinstall vllm==0.30.0" in said
     else:
-        assert f"{sys.executable} -m pip install --no-deps --force-reinstall vllm==0.30.0" in refused.stderr
-    assert "apply --force" in refused.stderr
+        assert f"{sys.executable} -m pip install --no-deps --force-reinstall vllm==0.30.0" in said
+    assert "apply --force" in said
 
 
 def test_a_hand_edit_elsewhere_is_said_once_and_changes_no_other_verdict(make_tree, monkeypatch):
@@ -266,7 +270,7 @@ def test_a_hand_edited_patched_file_has_a_way_out_that_loses_nothing(make_tree, 
     edited = (tree / VL_MODEL).read_text() + "\n# my fix, keep it somewhere\n"
     hand_edit(tree / VL_MODEL, edited)
     verify = cli("verify", "--site-packages", tree)
-    assert verify.code == 1 and f"revert --discard-local-edits --site-packages {tree}" in verify.stderr
+    assert verify.code == 1 and f"revert --discard-local-edits --site-packages {tree}" in error_lines(verify.stderr)[-1]
     refused = cli("revert", "--site-packages", tree)
     assert refused.code == 1 and "--discard-local-edits" in refused.stderr
     out = cli("revert", "--site-packages", tree, "--discard-local-edits", "--json")
@@ -353,11 +357,12 @@ def test_dash_h_is_help_everywhere(command):
 def test_a_stray_positional_names_the_option_it_meant(tmp_path):
     result = run_cli("status", tmp_path)
     assert result.code == 2 and result.stdout == ""
-    assert f"status takes no positional argument ({tmp_path})" in result.stderr
-    assert f"next: patch-dsv4 status --site-packages {tmp_path}" in result.stderr
+    (said,) = error_lines(result.stderr)
+    assert f"status takes no positional argument ({tmp_path})" in said
+    assert f"next: patch-dsv4 status --site-packages {tmp_path}" in said
     wheel_file = run_cli("drift", tmp_path / "vllm-0.30.0-py3-none-any.whl", "--json")
-    assert wheel_file.code == 2 and "drift --wheel " in wheel_file.stderr and wheel_file.json()["error"]
-    assert "Got unexpected extra argument" in run_cli("list", "extra").stderr  # no target to name there
+    assert wheel_file.code == 2 and "drift --wheel " in error_lines(wheel_file.stderr)[0] and wheel_file.json()["error"]
+    assert "no patch extra: the patches are " in error_lines(run_cli("list", "extra").stderr)[0]  # patch ids
 
 
 # -- progress ------------------------------------------------------------------------------

@@ -527,6 +527,72 @@ def verbose_lines(doc: dict, style: Style, per_patch: Callable[[str], list[str]]
     return lines
 
 
+# -- list ------------------------------------------------------------------------------------
+def list_lines(patches: list[tuple], style: Style) -> list[str]:
+    """``list``: a line per patch (``patches``: (id, opt_in, title, why, files) each): its id, whether it is an
+    opt-in, its title (cut to the width: ``list ID`` says it all), then a closing line."""
+    id_width = max((len(p[0]) for p in patches), default=0) + 2
+    lines = []
+    for pid, opt_in, title, _why, _files in patches:
+        head = f"{pid:<{id_width}}{'opt-in' if opt_in else 'default':<9}"
+        lines.append(head + fit(_title(title, opt_in), style.width - len(head)))
+    opt_ins = sum(1 for p in patches if p[1])
+    lines.extend(
+        _wrap(
+            f"list: {len(patches)} patches, {opt_ins} opt-in; what each fixes and why: patch-dsv4 list ID (or -v)",
+            style.width,
+            "",
+        )
+    )
+    return lines
+
+
+def _title(title: str, opt_in: bool) -> str:
+    """A title without the ``opt-in:`` its column says already."""
+    return title[len("opt-in: ") :] if opt_in and title.startswith("opt-in: ") else title
+
+
+def why_lines(patches: list[tuple], style: Style) -> list[str]:
+    """``list -v`` or ``list ID``: each patch's id and title, then its prose (the module's docstring) wrapped to
+    the width, its files, and how to use it if it is an opt-in."""
+    lines: list[str] = []
+    for pid, opt_in, title, why, files in patches:
+        if lines:
+            lines.append("")
+        lines.extend(_wrap(f"{pid}: {_title(title, opt_in)}" + (" (opt-in)" if opt_in else ""), style.width, ""))
+        for paragraph in _paragraphs(why):
+            lines.append("")
+            bullet = paragraph.startswith("- ")
+            body = paragraph[2:] if bullet else paragraph
+            wrapped = _wrap(body, style.width - 4 - (2 if bullet else 0), "")
+            lines.extend(
+                ("    - " if bullet and i == 0 else "      " if bullet else "    ") + line
+                for i, line in enumerate(wrapped)
+            )
+        lines.append("")
+        lines.extend(_wrap_fitting(f"files: {', '.join(short_path(f) for f in files)}", style.width, "    "))
+        if opt_in:
+            lines.extend(_wrap(f"use it: patch-dsv4 apply --with {pid}", style.width, "    "))
+    return lines
+
+
+def _paragraphs(text: str) -> list[str]:
+    """Prose as paragraphs and list items, each one line (a ``- `` item is a paragraph of its own)."""
+    found: list[str] = []
+    current: list[str] = []
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith("- "):
+            if current:
+                found.append(" ".join(current))
+            current = [line] if line else []
+        else:
+            current.append(line)
+    if current:
+        found.append(" ".join(current))
+    return found
+
+
 # -- markdown ----------------------------------------------------------------------------------
 def markdown(doc: dict, extra_head: str = "", extra_columns: dict[str, str] | None = None) -> str:
     """A report's document as markdown: a row a patch (its verdict and why), where a drifted, modified or
@@ -616,8 +682,50 @@ def render(document, fmt: str, verbosity: int = 0) -> None:
     stream.write("\n".join(text_lines(doc, style, getattr(document, "fingerprint_lines", None))) + "\n")
 
 
+#: Where a message's part continues on the next line (README, "Errors").
+CONTINUED = "patch-dsv4:   "
+
+
+def message_lines(parts: Iterable[tuple[str, str]], width: int = 80) -> list[str]:
+    """A message for people on stderr, the one layout of every error and refusal: each part on lines of its own,
+    led by ``patch-dsv4: <label>:`` (``error``, ``why``, ``next``), folded at spaces to ``width`` onto lines led by
+    :data:`CONTINUED` (a flag or a path is never folded: a word longer than a line stands whole)."""
+    import textwrap
+
+    lines: list[str] = []
+    for label, text in parts:
+        if text:
+            lines += textwrap.wrap(
+                " ".join(text.split()),
+                width,
+                initial_indent=f"patch-dsv4: {label}: " if label else "patch-dsv4: ",
+                subsequent_indent=CONTINUED,
+                break_long_words=False,
+                break_on_hyphens=False,
+            )
+    return lines
+
+
+def error_text(what: str, why: str = "", next_step: str = "", width: int = 80) -> str:
+    """An expected error: what failed, why, and the command to run next (:func:`message_lines`)."""
+    return "\n".join(message_lines((("error", what), ("why", why), ("next", next_step)), width)) + "\n"
+
+
+def stderr_width() -> int:
+    """The width of stderr's lines: 80 columns, fewer on a narrower terminal."""
+    tty = hasattr(sys.stderr, "isatty") and sys.stderr.isatty()
+    return max(40, min(80, _terminal_width(sys.stderr))) if tty else 80
+
+
+def say(text: str, label: str = "") -> None:
+    """A line for a person on stderr (progress, a note beside the report), in the layout of :func:`message_lines`."""
+    sys.stderr.write("\n".join(message_lines(((label, text),), stderr_width())) + "\n")
+    sys.stderr.flush()
+
+
 def write_failure(report) -> None:
-    """On stderr, which patches failed and the command that resolves them (verify's and drift's exit 1).
+    """On stderr, which patches failed and the command that resolves them (verify's and drift's exit 1), in the
+    layout of every error (:func:`message_lines`).
 
     ``report``: a report's document, or a report with ``to_json``.
     """
@@ -625,11 +733,15 @@ def write_failure(report) -> None:
     bad = [p for p in doc["patches"] if p["verdict"] in NEEDS_ACTION]
     if not bad and not doc["next"]:
         return
+    parts = []
     for patch in bad:
-        files = ", ".join(short_path(f) for f in patch["files"])
-        sys.stderr.write(f"patch-dsv4: {patch['id']} is {_shown(patch)}" + (f" ({files})" if files else "") + "\n")
+        deciding = [e["file"] for e in patch["edits"] if e["verdict"] == patch["verdict"]] or patch["files"]
+        files = [short_path(f) for f in dict.fromkeys(deciding)]
+        where = f" in {files[0]}" + (f" and {_plural(len(files) - 1, 'more file')}" if len(files) > 1 else "")
+        parts.append(("error", f"{patch['id']} is {_shown(patch)}" + (where if files else "")))
     if doc["next"]:
-        sys.stderr.write(f"patch-dsv4: run: {doc['next']}\n")
+        parts.append(("next", doc["next"]))
+    sys.stderr.write("\n".join(message_lines(parts, stderr_width())) + "\n")
 
 
 def doctor_lines(report, style: Style) -> list[str]:
