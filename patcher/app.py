@@ -13,7 +13,7 @@ from pathlib import Path
 import typer
 
 from patch_dsv4 import __version__
-from patch_dsv4.output.errors import PatcherError
+from patch_dsv4.output.errors import EXIT_INTERRUPTED, PatcherError
 
 app = typer.Typer(
     name="patch-dsv4",
@@ -392,7 +392,7 @@ PipOption = typer.Option(
 )
 
 
-def _release_target(vllm_version, wheel, source, flashinfer_version, cache_dir, pip_options):
+def _release_target(vllm_version, wheel, source, flashinfer_version, cache_dir, pip_options, quiet=False):
     from patch_dsv4.releases import release_target as rt
     from patch_dsv4.releases.release_wheel import fetch_wheel, flashinfer_pin_served
 
@@ -406,7 +406,10 @@ def _release_target(vllm_version, wheel, source, flashinfer_version, cache_dir, 
         return rt.open_source(source, vllm_version, flashinfer_version)
     if vllm_version is None:
         raise PatcherError("no release to judge", "", "pass --vllm-version X, --wheel FILE or --source DIR")
-    path, how = fetch_wheel(vllm_version, cache_dir, pip_options or (), progress=_say)
+    from patch_dsv4.output.progress import progress
+
+    with progress(quiet) as bars:
+        path, how = fetch_wheel(vllm_version, cache_dir, pip_options or (), None if quiet else _say, bars)
     target = rt.open_wheel(path, flashinfer_version)
     target.notes.insert(0, f"wheel {path.name} {how}")
     if target.flashinfer_source == "pinned" and target.flashinfer_version and not target.flashinfer_given:
@@ -448,7 +451,7 @@ def drift(
     """
     from patch_dsv4.pipeline.drift import drift as judge_drift
 
-    with _release_target(vllm_version, wheel, source, flashinfer_version, cache_dir, pip_options) as target:
+    with _release_target(vllm_version, wheel, source, flashinfer_version, cache_dir, pip_options, quiet) as target:
         report = judge_drift(target, strict=strict)
     _finish(report, _format(fmt, as_json), _verbosity(verbose, quiet))
 
@@ -484,23 +487,32 @@ def anchors_record(
         versions += [v for v in anchors_store.recorded_versions(out) if v not in versions]
     if not versions:
         raise PatcherError("no release to record", "", "pass --vllm-version X (repeatable) or --all")
+    from patch_dsv4.output.progress import progress
+
     stale = []
-    for number, version in enumerate(versions, 1):
-        _say(f"vLLM {version} ({number} of {len(versions)})")
-        path, _how = fetch_wheel(version, cache_dir, pip_options or (), progress=_say)
-        with open_wheel(path) as target:
-            if target.vllm_version != version:
-                raise PatcherError(f"{path.name} is vLLM {target.vllm_version}, not {version}", "", "clear the cache")
-            fresh = record(target, wheel_name=path.name)
-        current = anchors_store.load(version, out)
-        same = current is not None and anchors_store.dumps(current) == anchors_store.dumps(fresh)
-        if check:
-            if not same:
-                stale.append(version)
-            sys.stdout.write(f"vLLM {version}: {'up to date' if same else 'differs from a fresh record'}\n")
-            continue
-        written = anchors_store.write(fresh, out)
-        sys.stdout.write(f"vLLM {version}: {'unchanged' if same else 'recorded'} {written}\n")
+    with progress() as bars:
+        releases = bars.task("releases", len(versions))
+        for number, version in enumerate(versions, 1):
+            if not bars.shown:
+                _say(f"vLLM {version} ({number} of {len(versions)})")
+            bars.update(releases, completed=number - 1)
+            path, _how = fetch_wheel(version, cache_dir, pip_options or (), _say, bars)
+            with open_wheel(path) as target:
+                if target.vllm_version != version:
+                    raise PatcherError(
+                        f"{path.name} is vLLM {target.vllm_version}, not {version}", "", "clear the cache"
+                    )
+                fresh = record(target, wheel_name=path.name)
+            current = anchors_store.load(version, out)
+            same = current is not None and anchors_store.dumps(current) == anchors_store.dumps(fresh)
+            if check:
+                if not same:
+                    stale.append(version)
+                sys.stdout.write(f"vLLM {version}: {'up to date' if same else 'differs from a fresh record'}\n")
+                continue
+            written = anchors_store.write(fresh, out)
+            sys.stdout.write(f"vLLM {version}: {'unchanged' if same else 'recorded'} {written}\n")
+            sys.stdout.flush()
     if stale:
         sys.stdout.write(f"anchors record --check: {len(stale)} stale; re-record: {anchors_store.RECORD_COMMAND}\n")
         raise typer.Exit(1)
@@ -565,4 +577,6 @@ def run(args: list[str]) -> int:
         if stray and name in (*TARGETED, "drift"):
             raise _stray_argument(name, stray[1]) from None
         raise
+    if code == EXIT_INTERRUPTED:  # Typer turns Ctrl-C into a silent 130; patch_dsv4.cli says where it struck
+        raise KeyboardInterrupt
     return code if isinstance(code, int) else 0

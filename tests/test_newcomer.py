@@ -3,9 +3,21 @@ one error layout, drift's and status's lines, and every human line within 80 col
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
 
+import pytest
+
+from patch_dsv4.patches.stream_load import VL_MODEL
+from patch_dsv4.patches.wide_swa import FLASHINFER_SPARSE
+from tests.conftest import ROOT, run_cli
 from tests.errors import error_lines
+from tests.releases import content_snapshot, hand_edit
 
 OPT_INS = "aux-streams, dense-exl3, exl3-wo-a-slices"
 
@@ -89,3 +101,256 @@ def test_every_error_is_what_why_next_on_lines_of_their_own_within_80_columns(ma
         "patch-dsv4: error: wide-swa is pending in nvidia/flashinfer_sparse.py and 1 more file"
         f" (next: patch-dsv4 apply --site-packages {tree})",
     ]
+
+
+# -- 3. Ctrl-C: one line of what happened and what state the tree is in ---------------------------
+def _interrupted_at(step: str, tree, *args):
+    from patch_dsv4.tree.fs import inject_faults
+
+    def hook(at: str) -> None:
+        if at == step:
+            raise KeyboardInterrupt
+
+    with inject_faults(hook):
+        return run_cli(*args, "--site-packages", tree)
+
+
+def test_an_apply_interrupted_before_its_commit_changed_nothing_and_says_so(make_tree, cli):
+    tree = make_tree("0.30.0")
+    before = content_snapshot(tree)
+    for step in ("judged", "prepared", f"replace:{FLASHINFER_SPARSE.rsplit('/', 1)[1]}"):
+        result = _interrupted_at(step, tree, "apply")
+        assert result.code == 130, (step, result.stderr)
+        (said,) = error_lines(result.stderr)
+        assert said.startswith("patch-dsv4: error: interrupted: apply changed nothing"), said
+        assert said.endswith(f"(next: patch-dsv4 apply --site-packages {tree})")
+        assert content_snapshot(tree) == before and not (tree / ".patch-dsv4").exists()
+
+
+def test_an_apply_interrupted_after_its_commit_says_it_completed(make_tree, cli, monkeypatch):
+    from patch_dsv4.pipeline import transaction
+
+    tree = make_tree("0.30.0")
+
+    def interrupt(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(transaction, "record_stat_keys", interrupt)  # the manifest is saved: the apply is whole
+    result = cli("apply", "--site-packages", tree)
+    monkeypatch.undo()
+    assert result.code == 130 and result.stdout == ""
+    assert error_lines(result.stderr) == [
+        "patch-dsv4: error: interrupted after apply completed: patched 5 file(s): only its report was cut short"
+        f" (next: patch-dsv4 status --site-packages {tree})"
+    ]
+    assert cli("verify", "--site-packages", tree).code == 0
+
+
+def test_a_staged_copy_an_interrupt_left_is_said_by_status_and_removed_by_the_next_apply(make_tree, cli, monkeypatch):
+    from patch_dsv4.pipeline import transaction
+
+    tree = make_tree("0.30.0")
+    assert cli("apply", "--site-packages", tree).code == 0
+
+    def interrupt(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(transaction, "_undo_prepare", interrupt)  # a second Ctrl-C while it puts things back
+    result = _interrupted_at("prepared", tree, "apply", "--with", "aux-streams")
+    monkeypatch.undo()
+    assert result.code == 130 and "interrupted: apply changed nothing" in error_lines(result.stderr)[0]
+    assert (tree / ".patch-dsv4" / "staged").is_dir()
+    status = cli("status", "--site-packages", tree)
+    assert "state: current" in status.stdout
+    note = " ".join(status.stdout.split("note: ", 1)[1].split("\n")[:3])
+    assert note.startswith("an apply was interrupted before it changed a file: .patch-dsv4/staged/ holds what it")
+    assert "the next apply or revert removes" in note
+    assert all(len(line) <= 80 for line in status.stdout.splitlines())
+    assert cli("apply", "--site-packages", tree).code == 0
+    assert (
+        not (tree / ".patch-dsv4" / "staged").exists() and "note:" not in cli("status", "--site-packages", tree).stdout
+    )
+
+
+def test_a_read_only_command_interrupted_says_it_changed_nothing(make_tree, cli, monkeypatch):
+    from patch_dsv4.pipeline import commands
+
+    tree = make_tree("0.30.0")
+
+    def interrupt(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(commands, "judge_state", interrupt)
+    result = cli("status", "--site-packages", tree)
+    assert result.code == 130 and error_lines(result.stderr) == [
+        "patch-dsv4: error: interrupted: status changed nothing"
+    ]
+
+
+# -- 4. a hand edit outside a patch's scope is said as such --------------------------------------
+def test_a_comment_appended_to_a_patched_file_is_said_to_be_outside_our_edit(make_tree, cli):
+    tree = make_tree("0.30.0")
+    assert cli("apply", "--site-packages", tree).code == 0
+    hand_edit(tree / VL_MODEL, (tree / VL_MODEL).read_text() + "# a note of mine\n")
+    verify = cli("verify", "--site-packages", tree)
+    assert verify.code == 1  # not the bytes we wrote: not intact, whatever changed
+    lines = verify.stdout.splitlines()
+    row = lines.index("  stream-load       modified  its file changed, outside our edit")
+    assert lines[row + 1] == "      common/vl_model.py: changed outside our edit (load_weights)"
+    (failed,) = error_lines(verify.stderr)  # one file named, the one that changed
+    assert failed.startswith("patch-dsv4: error: stream-load is modified in common/vl_model.py (next: ")
+    assert f"revert --discard-local-edits --site-packages {tree} (your edit is saved first), then apply" in failed
+    edits = cli("verify", "--site-packages", tree, "--json").patch("stream-load")["edits"]
+    (edit,) = [e for e in edits if e["verdict"] == "modified"]
+    assert "changed outside our edit" in edit["detail"] and "load_weights is as patch-dsv4 wrote it" in edit["detail"]
+
+
+def test_a_change_inside_our_edit_shows_the_lines_that_changed(make_tree, cli):
+    tree = make_tree("0.30.0")
+    assert cli("apply", "--site-packages", tree).code == 0
+    text = (tree / VL_MODEL).read_text()
+    call = "mapped = _patch_dsv4_stream_language_model_first(mapped)"
+    hand_edit(tree / VL_MODEL, text.replace(call, call + "  # mine", 1))
+    status = cli("status", "--site-packages", tree).stdout.splitlines()
+    row = status.index("  stream-load       modified  changed since patch-dsv4 wrote it")
+    assert status[row + 1] == "      common/vl_model.py: changed since patch-dsv4 wrote it (load_weights)"
+    verbose = cli("status", "-v", "--site-packages", tree).stdout
+    expected, found = verbose.split("expected:\n", 1)[1].split("      found:\n", 1)
+    assert call in expected and call + "  # mine" not in expected
+    assert call + "  # mine" in found.split("\n  wide-swa")[0]
+    assert len(expected.splitlines()) <= 6  # the lines around the change, not the whole function
+
+
+# -- 5. write failures name the cause and a next step that works -----------------------------------
+def _root_only() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root (chattr, chmod over another user's files)")
+
+
+def test_an_immutable_file_is_named_with_the_command_that_frees_it(make_tree, cli):
+    _root_only()
+    tree = make_tree("0.30.0")
+    target = tree / FLASHINFER_SPARSE
+    if subprocess.run(["chattr", "+i", str(target)], capture_output=True).returncode != 0:
+        pytest.skip("chattr +i is not supported here")
+    try:
+        result = cli("apply", "--site-packages", tree)
+        assert result.code == 2
+        assert all(len(line) <= 80 or len(line.split()) <= 3 for line in result.stderr.splitlines())
+        (said,) = error_lines(result.stderr)
+        assert said == (
+            f"patch-dsv4: error: cannot write {FLASHINFER_SPARSE}: the file is immutable (chattr +i; lsattr shows"
+            f" it); nothing was changed (next: chattr -i {target}, then patch-dsv4 apply --site-packages {tree})"
+        )
+    finally:
+        subprocess.run(["chattr", "-i", str(target)], check=True)
+    assert cli("apply", "--site-packages", tree).code == 0  # the next step, as given, works
+
+
+def _as_nobody(*args: str) -> subprocess.CompletedProcess:
+    if shutil.which("setpriv") is None:
+        pytest.skip("setpriv is not installed: cannot run as another user")
+    return subprocess.run(
+        ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", sys.executable, "-m", "patch_dsv4", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "COLUMNS": "80"},
+    )
+
+
+def test_a_tree_a_user_may_not_write_is_said_by_apply_and_verify_alike():
+    _root_only()
+    from tests.releases import minimal_tree
+
+    base = Path(tempfile.mkdtemp(prefix="patch-dsv4-ro-", dir="/tmp"))
+    os.chmod(base, 0o755)
+    try:
+        tree = minimal_tree("0.30.0", base / "site-packages")  # root's, readable by all
+        apply = _as_nobody("apply", "--site-packages", str(tree))
+        assert apply.returncode == 2 and "Traceback" not in apply.stderr, apply.stderr
+        assert error_lines(apply.stderr) == [
+            f"patch-dsv4: error: cannot apply: nobody may not write {tree}: its lock, its state and vLLM's files"
+            f" there belong to root (next: patch-dsv4 apply --site-packages {tree}, as root)"
+        ]
+        verify = _as_nobody("verify", "--site-packages", str(tree))
+        assert verify.returncode == 1, verify.stderr
+        assert error_lines(verify.stderr)[-1].endswith(
+            f"(next: patch-dsv4 apply --site-packages {tree}, as root (nobody may not write {tree}))"
+        )
+        assert all(len(line) <= 80 for line in apply.stderr.splitlines() + verify.stderr.splitlines())
+    finally:
+        shutil.rmtree(base)
+
+
+def test_read_only_files_written_as_root_keep_their_mode_and_are_noted(make_tree, cli):
+    _root_only()
+    tree = make_tree("0.30.0")
+    models = tree / "vllm" / "models"
+    subprocess.run(["chmod", "-R", "a-w", str(models)], check=True)
+    try:
+        result = cli("apply", "--site-packages", tree)
+        assert result.code == 0, result.stderr
+        assert (tree / VL_MODEL).stat().st_mode & 0o777 == 0o444
+        note = " ".join(result.stdout.split("note: ", 1)[1].split("\n")[:3])
+        assert note.startswith("patched 5 read-only file(s) as root may (mode -r--r--r--, e.g. vllm/models/")
+        assert "each keeps its mode" in note
+        reverted = cli("revert", "--site-packages", tree)
+        assert "restored 5 read-only file(s)" in reverted.stdout.replace("\n", " ")
+        assert (tree / VL_MODEL).stat().st_mode & 0o777 == 0o444
+    finally:
+        subprocess.run(["chmod", "-R", "u+w", str(models)], check=True)
+
+
+# -- every human line of every command within 80 columns ---------------------------------------------
+def _wide(result) -> list[str]:
+    """Lines over 80 columns in what a command printed for people (a word longer than a line stands whole)."""
+    lines = result.stdout.splitlines() + result.stderr.splitlines()
+    return [line for line in lines if len(line) > 80 and len(line.split()) > 3]
+
+
+@pytest.mark.parametrize("version", ["0.30.0", "0.34.0"])
+def test_every_command_fits_80_columns_on_a_real_tree(version, make_tree, cli, tmp_path, monkeypatch):
+    from tests.doctor.synthetic import build_mixedk_pack
+    from tests.releases import wheel
+
+    monkeypatch.setenv("COLUMNS", "80")
+    tree = make_tree(version)
+    site = ("--site-packages", tree)
+    whl = wheel("vllm", version)
+    pack = build_mixedk_pack(tmp_path / "pack")
+    serve = ("--serve-args", "--tensor-parallel-size 1 --max-model-len 65536 --quantization exl3")
+    runs = [
+        ("list",),
+        ("list", "-v"),
+        ("list", "wide-swa"),
+        ("status", *site),
+        ("status", "-v", *site),
+        ("verify", *site),
+        ("verify", "-v", *site),
+        ("apply", "--dry-run", *site),
+        ("takeover", "--dry-run", *site),
+        ("apply", "--with", "stream-load", *site),
+        ("apply", "-v", "--with", "aux-streams", *site),
+        ("status", "-v", *site),
+        ("verify", *site),
+        ("apply", *site),
+        ("drift", "--wheel", whl),
+        ("drift", "-v", "--wheel", whl),
+        ("doctor", *site, "--pack", pack, *serve),
+        ("doctor", "-v", *site, "--pack", pack, *serve),
+        ("anchors", "record", "--check", "--vllm-version", version, "--cache-dir", whl.parent),
+        ("status", tree),
+        ("revert", "-v", *site),
+        ("revert", *site),
+    ]
+    for args in runs:
+        result = cli(*args)
+        assert "Traceback" not in result.stderr, (args, result.stderr)
+        if "--dry-run" in args:  # stdout is the diff, for patch -p1: the report is on stderr
+            result.stdout = ""
+        assert not _wide(result), (args, _wide(result))
+    hand_edit(tree / VL_MODEL, (tree / VL_MODEL).read_text() + "# mine\n")
+    for args in (("status", *site), ("verify", *site), ("apply", *site), ("revert", *site)):
+        result = cli(*args)
+        assert not _wide(result), (args, _wide(result))

@@ -35,9 +35,9 @@ ROWS = {
     "0.28.0": [
         "  aux-streams       opt-in          apply --with aux-streams to use it",
         "  dense-exl3        opt-in          apply --with dense-exl3 to use it",
-        "  dtype-policy      pending         needed: apply patches 2 files",
+        "  dtype-policy      pending         needed: 2 files to patch",
         "  exl3-wo-a-slices  opt-in          apply --with exl3-wo-a-slices to use it",
-        "  loader-skips      pending         needed: apply patches 2 files",
+        "  loader-skips      pending         needed: 2 files to patch",
         "  stream-load       not-applicable  no vision class in this release",
         "  wide-swa          not-applicable  prefill window rows stay window_size...",
     ],
@@ -47,8 +47,8 @@ ROWS = {
         "  dtype-policy      upstream  fixed in nvidia/ops/o_proj.py",
         "  exl3-wo-a-slices  opt-in    apply --with exl3-wo-a-slices to use it",
         "  loader-skips      upstream  fixed in common/vl_model.py +3 more",
-        "  stream-load       pending   needed: apply patches 3 files",
-        "  wide-swa          pending   needed: apply patches 2 files",
+        "  stream-load       pending   needed: 3 files to patch",
+        "  wide-swa          pending   needed: 2 files to patch",
     ],
 }
 

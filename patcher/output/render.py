@@ -254,11 +254,17 @@ def _evidence(patch: dict, verbose: bool) -> list[str]:
 
 
 def _short_paths_in(sentence: str) -> str:
-    """A sentence with every model-package path in the short form :func:`short_path` gives."""
+    """A sentence with every model-package path in the short form :func:`short_path` gives (one that names V4's
+    package from ``deepseek_v4/`` on, as some evidence does, too: a file is named one way)."""
     sentence = sentence.replace(PACKAGE_PREFIX, "")
     for prefix in V41_PREFIXES:
         sentence = sentence.replace(prefix, prefix[len("vllm/models/") :])
-    return sentence
+    key, kept, at = "deepseek_v4/", [], 0
+    while (found := sentence.find(key, at)) >= 0:
+        starts_a_path = found == 0 or not (sentence[found - 1].isalnum() or sentence[found - 1] in "_./")
+        kept.append(sentence[at:found] if starts_a_path else sentence[at : found + len(key)])
+        at = found + len(key)
+    return "".join(kept) + sentence[at:]
 
 
 def _merge_shared_reasons(sentences: list[str]) -> list[str]:
@@ -293,7 +299,7 @@ def text_lines(doc: dict, style: Style, per_patch: Callable[[str], list[str]] | 
     sentence of evidence and the expected/found code: :func:`verbose_lines`.
     """
     if style.verbosity < 0:
-        return [doc["summary"]]
+        return _wrap(doc["summary"], style.width, "")
     if style.verbosity > 0:
         return verbose_lines(doc, style, per_patch)
     lines = _head(doc, style)
@@ -329,7 +335,7 @@ def text_lines(doc: dict, style: Style, per_patch: Callable[[str], list[str]] | 
     for note in doc["notes"]:
         if build is None or note != build["detail"]:  # said once, above
             lines.extend(_wrap(f"note: {note}", style.width, ""))
-    lines.append(doc["summary"])
+    lines.extend(_wrap(doc["summary"], style.width, ""))
     return lines
 
 
@@ -338,7 +344,11 @@ def _head(doc: dict, style: Style) -> list[str]:
     fi = doc["flashinfer_version"] or "none"
     if doc["flashinfer_source"]:
         fi += f", {doc['flashinfer_source']}"
-    lines = _wrap(f"vLLM {doc['vllm_version']} (FlashInfer {fi}) at {doc['target']}", style.width, "")
+    release = f"vLLM {doc['vllm_version']} (FlashInfer {fi})"
+    if len(release) + 4 + len(doc["target"]) <= style.width:
+        lines = [f"{release} at {doc['target']}"]
+    else:  # where it is, on a line of its own: "at wheel NAME" is never split
+        lines = [release, *_wrap_fitting(f"at {doc['target']}", style.width, "", "")]
     facts = []
     if doc["build"] is not None:
         facts.append("known build" if doc["build"]["known"] else "unknown build")
@@ -359,6 +369,14 @@ def fit(text: str, room: int) -> str:
     return cut.rstrip(" ,;:(") + "..."
 
 
+def _fields(fingerprint: str, room: int) -> str:
+    """A fingerprint whole if it fits in ``room`` columns, else cut after a field (``dsv4:1:HEAD:...:...``)."""
+    if len(fingerprint) <= room:
+        return fingerprint
+    cut = fingerprint[: room - 3]
+    return cut[: cut.rindex(":") + 1] + "..." if ":" in cut else cut + "..."
+
+
 def _plural(n: int, word: str) -> str:
     return f"{n} {word}" + ("" if n == 1 else "s")
 
@@ -371,6 +389,10 @@ _NEEDS = {
 }
 
 
+#: How a modified edit's evidence says that its file changed elsewhere (patch_dsv4.pipeline.judge.state_reports).
+_OUTSIDE = " changed outside our edit ("
+
+
 def reason_text(patch: dict) -> str:
     """Why a patch has its verdict, in a few words: what ``status`` prints beside it."""
     verdict = patch["verdict"]
@@ -381,9 +403,11 @@ def reason_text(patch: dict) -> str:
             return f"another tool's edit: takeover --with {patch['id']}"
         return f"apply --with {patch['id']} to use it"
     if verdict == "pending":
-        return f"needed: apply patches {_plural(len(files), 'file')}"
+        return f"needed: {_plural(len(files), 'file')} to patch"
     if verdict == "applied":
         return f"our edit, intact, in {_plural(len(files), 'file')}"
+    if verdict == "modified" and deciding and all(_OUTSIDE in e["detail"] for e in deciding):
+        return "its file changed, outside our edit"
     if verdict in _NEEDS:
         return _NEEDS[verdict]
     sentences = [_short_paths_in(e["detail"]) for e in deciding if e["detail"]] or [_short_paths_in(patch["detail"])]
@@ -500,20 +524,26 @@ def verbose_lines(doc: dict, style: Style, per_patch: Callable[[str], list[str]]
             lines.extend(_wrap(files, style.width, " " * (len(head) + verdict_width)))
         for sentence in _evidence(patch, True):
             lines.extend(_wrap_fitting(sentence, style.width, "      "))
-        for extra in per_patch(patch["id"]) if per_patch is not None else ():
+        for extra in per_patch(patch["id"], True) if per_patch is not None else ():
             lines.extend(_wrap_fitting(extra, style.width, "      "))
         for edit in patch["edits"]:
             if _is_shown_in_full(edit):
-                lines.append(f"      in {short_path(edit['file'])}:{edit['scope']}, expected:")
-                lines.extend("        " + line for line in edit["expected"].splitlines())
+                import textwrap  # only where code is shown
+
+                where = f"in {short_path(edit['file'])}:{edit['scope']}, expected:"
+                lines.extend(_wrap_fitting(where, style.width, "      "))
+                lines.extend("        " + line for line in textwrap.dedent(edit["expected"]).splitlines())
                 if edit["found"] is not None:
                     lines.append("      found:")
-                    lines.extend("        " + line for line in edit["found"].splitlines()[:12])
+                    lines.extend("        " + line for line in textwrap.dedent(edit["found"]).splitlines()[:12])
     if build is not None:
         lines.extend(_wrap(build["detail"], style.width, ""))
     if doc.get("fingerprint"):
-        # on a line of its own, never folded (people copy it whole), indented as the code shown above
-        lines += ["fingerprint of what this tree serves:", f"        {doc['fingerprint']}"]
+        # its head (equal heads, equal trees) and versions, cut at a field: the whole is for copying, on its own
+        lines += [
+            "fingerprint of what this tree serves (status --fingerprint prints it whole):",
+            "  " + _fields(doc["fingerprint"], style.width - 2),
+        ]
     if doc["changed_files"]:
         lines.append(f"{'restored' if doc['command'] == 'revert' else 'wrote'} {len(doc['changed_files'])} file(s):")
         lines.extend(f"  {relpath}" for relpath in doc["changed_files"])
@@ -523,7 +553,7 @@ def verbose_lines(doc: dict, style: Style, per_patch: Callable[[str], list[str]]
         lines.extend(_wrap(f"your edit is saved as {saved}", style.width, ""))
     for note in doc["notes"]:
         lines.extend(_wrap(f"note: {note}", style.width, ""))
-    lines.append(doc["summary"])
+    lines.extend(_wrap(doc["summary"], style.width, ""))
     return lines
 
 
@@ -684,6 +714,8 @@ def render(document, fmt: str, verbosity: int = 0) -> None:
 
 #: Where a message's part continues on the next line (README, "Errors").
 CONTINUED = "patch-dsv4:   "
+#: The longest word a message keeps whole (a path, a command); a longer one (a value pasted by mistake) is cut.
+_LONGEST = 160
 
 
 def message_lines(parts: Iterable[tuple[str, str]], width: int = 80) -> list[str]:
@@ -695,8 +727,9 @@ def message_lines(parts: Iterable[tuple[str, str]], width: int = 80) -> list[str
     lines: list[str] = []
     for label, text in parts:
         if text:
+            words = [w[i : i + _LONGEST] for w in text.split() for i in range(0, len(w), _LONGEST)]
             lines += textwrap.wrap(
-                " ".join(text.split()),
+                " ".join(words),
                 width,
                 initial_indent=f"patch-dsv4: {label}: " if label else "patch-dsv4: ",
                 subsequent_indent=CONTINUED,
