@@ -30,7 +30,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # tests/doctor is the checkout's, not an installed package
 
 OWNER = "synthetic"
-V4_SERVE = "--tensor-parallel-size 1 --max-model-len 65536 --quantization exl3"
+V4_SERVE = "--tensor-parallel-size 1 --max-model-len 65536"
 V41_SERVE = "--tensor-parallel-size 2 --max-model-len 65536"
 
 

@@ -71,9 +71,10 @@ def _environment(site_packages: Path | None, python: str | None):
 
 
 def _say(message: str) -> None:
-    """A progress line for a person, on stderr (stdout holds the report)."""
-    sys.stderr.write(f"patch-dsv4: {message}\n")
-    sys.stderr.flush()
+    """A progress line for a person, on stderr (stdout holds the report), within 80 columns."""
+    from patch_dsv4.output.render import say
+
+    say(message)
 
 
 def _opt_ins(with_: list[str] | None) -> list[str]:

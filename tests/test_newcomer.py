@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -354,3 +355,212 @@ def test_every_command_fits_80_columns_on_a_real_tree(version, make_tree, cli, t
     for args in (("status", *site), ("verify", *site), ("apply", *site), ("revert", *site)):
         result = cli(*args)
         assert not _wide(result), (args, _wide(result))
+
+
+# -- 8. drift's and status -v's lines; the README's fingerprint ----------------------------------------
+def test_drift_fits_80_columns_and_says_what_absent_means(cli, monkeypatch):
+    from tests.releases import wheel
+
+    whl = wheel("vllm", "0.34.0")
+    result = cli("drift", "--wheel", whl)
+    lines = result.stdout.splitlines()
+    assert all(len(line) <= 80 for line in lines), [line for line in lines if len(line) > 80]
+    assert lines[:3] == ["vLLM 0.34.0 (FlashInfer 0.7.3, pinned)", f"at wheel {whl.name}", "known build"]
+    assert lines[-1] == "drift: vLLM 0.34.0, known build: 3 opt-in, 4 upstream"
+    document = cli("drift", "--wheel", whl, "--json").json()
+    absent = [a for p in document["patches"] for a in p["anchors"] if a["status"] == "absent"]
+    recorded = [a for p in document["patches"] for a in p["anchors"] if a["status"] == "recorded"]
+    said = " ".join(result.stdout.split())
+    assert (
+        f"note: functions around the anchors: {len(recorded)} recorded as anchors/ records them, {len(absent)} absent"
+        " from this release (another layout's or release's code: -v names each)"
+    ) in said
+    verbose = cli("drift", "-v", "--wheel", whl).stdout.splitlines()
+    assert all(len(line) <= 80 for line in verbose)
+    assert "      deepseek_v4_1/nvidia/model.py: absent from this release" in verbose
+
+
+def test_status_v_shows_the_fingerprint_within_80_columns_and_the_readme_its_format(make_tree, cli):
+    tree = make_tree("0.30.0")
+    whole = cli("status", "--fingerprint", "--site-packages", tree).stdout.strip()
+    lines = cli("status", "-v", "--site-packages", tree).stdout.splitlines()
+    at = lines.index("fingerprint of what this tree serves (status --fingerprint prints it whole):")
+    shown = lines[at + 1]
+    assert len(shown) <= 80 and shown.endswith(":...") and whole.startswith(shown[2:-3])
+    assert shown.startswith("  dsv4:1:") and ":vllm-0.30.0:fi-0.6.18.post1-pinned:" in shown
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    shown_there = set(re.findall(r"dsv4:1:[^`\s]*", readme))
+    assert shown_there and all(whole.startswith(text.removesuffix("...")) for text in shown_there), shown_there
+
+
+# -- 9. words that read as what they are; one way to name a file; the README's first command -------------
+def test_a_pending_row_reads_as_a_fact_and_a_file_is_named_one_way(make_tree, cli):
+    pending = cli("status", "--site-packages", make_tree("0.30.0")).stdout
+    assert "  stream-load       pending   needed: 3 files to patch" in pending.splitlines()
+    assert "apply patches" not in pending
+    upstream = cli("status", "--site-packages", make_tree("0.34.0")).stdout.splitlines()
+    assert "  stream-load       upstream  fixed in common/vl_model.py +2 more" in upstream
+    assert "  loader-skips      upstream  fixed in common/vl_model.py +3 more" in upstream
+
+
+def _readme_sections() -> dict[str, list[str]]:
+    sections: dict[str, list[str]] = {}
+    name = ""
+    for line in (ROOT / "README.md").read_text(encoding="utf-8").splitlines():
+        if line.startswith("## "):
+            name = line[3:]
+        sections.setdefault(name, []).append(line)
+    return sections
+
+
+def test_the_readmes_first_command_reports_the_tools_status_and_writes_no_fixed_path(tmp_path):
+    blocks = re.findall(r"```sh\n(.*?)```", (ROOT / "README.md").read_text(encoding="utf-8"), re.S)
+    job = blocks[0].strip()
+    assert job.startswith("T=$(mktemp -d) && ") and "/tmp/" not in job
+    tail = job[job.index("; rc=$?") :]
+    assert tail == '; rc=$?; rm -rf "$T"; (exit $rc)'
+    for status in (0, 1, 2):  # what the tool exits with is what the command exits with; the scratch dir goes
+        seen = tmp_path / f"seen-{status}"
+        run = subprocess.run(["bash", "-c", f'T=$(mktemp -d) && echo "$T" > {seen} && (exit {status}){tail}'])
+        assert run.returncode == status and not Path(seen.read_text().strip()).exists()
+    how = [line for line in _readme_sections()["How it works"][1:] if line.strip()]
+    assert len(how) <= 20, len(how)
+    assert "python examples/try_doctor.py" in (ROOT / "README.md").read_text(encoding="utf-8")
+
+
+# -- 10. progress for long work, on a terminal only ----------------------------------------------------------
+def _slow_index(tmp_path: Path, seconds: float):
+    """A PEP 503 index on loopback serving one small vllm wheel (9.9.9) slowly, as a real index serves a big one."""
+    import threading
+    import zipfile
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    wheel_path = tmp_path / "vllm-9.9.9-py3-none-any.whl"
+    with zipfile.ZipFile(wheel_path, "w", zipfile.ZIP_STORED) as zf:
+        zf.writestr("vllm-9.9.9.dist-info/METADATA", "Metadata-Version: 2.1\nName: vllm\nVersion: 9.9.9\n")
+        zf.writestr("vllm-9.9.9.dist-info/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        zf.writestr("vllm/blob.bin", os.urandom(4_000_000))
+        zf.writestr("vllm-9.9.9.dist-info/RECORD", "")
+    data = wheel_path.read_bytes()
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            if self.path.rstrip("/") == "/simple/vllm":
+                body = f'<a href="/files/{wheel_path.name}">{wheel_path.name}</a>'.encode()
+            elif self.path == f"/files/{wheel_path.name}":
+                body = None
+            else:
+                self.send_response(404)
+                self.end_headers()
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html" if body is not None else "application/octet-stream")
+            self.send_header("Content-Length", str(len(body if body is not None else data)))
+            self.end_headers()
+            if body is not None:
+                self.wfile.write(body)
+                return
+            step = len(data) // 20
+            for start in range(0, len(data), step):
+                self.wfile.write(data[start : start + step])
+                self.wfile.flush()
+                time.sleep(seconds / 20)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"--pip-option=--index-url=http://127.0.0.1:{server.server_address[1]}/simple"
+
+
+def test_a_wheel_fetch_shows_bytes_and_rate_on_a_terminal_and_nothing_more_on_a_pipe(tmp_path):
+    import pty
+
+    server, index = _slow_index(tmp_path, 3.0)
+    try:
+        args = [
+            sys.executable,
+            "-m",
+            "patch_dsv4",
+            "drift",
+            "--vllm-version",
+            "9.9.9",
+            index,
+            "--pip-option=--no-cache-dir",
+        ]
+        env = {**os.environ, "COLUMNS": "80", "TERM": "xterm"}
+        leader, follower = pty.openpty()
+        proc = subprocess.Popen(
+            [*args, "--cache-dir", str(tmp_path / "tty")], stdout=follower, stderr=follower, env=env
+        )
+        os.close(follower)
+        chunks = []
+        while True:
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+        proc.wait()
+        os.close(leader)
+        shown = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", b"".join(chunks).decode())
+        frames = shown.replace("\r\n", "\n").replace("\r", "\n").splitlines()
+        bars = [f for f in frames if f.startswith("vllm==9.9.9 ") and "MB/s" in f]
+        assert bars, shown[-2000:]
+        assert any(re.search(r" [0-9.]+/4\.0 MB [0-9.]+ [kM]B/s", f) for f in bars), bars[-3:]
+        assert all(len(f) <= 80 for f in bars)
+        piped = subprocess.run([*args, "--cache-dir", str(tmp_path / "pipe")], capture_output=True, text=True, env=env)
+        assert "━" not in piped.stderr and "/s" not in piped.stderr
+        assert "patch-dsv4: fetching vllm==9.9.9 with pip" in piped.stderr and "patch-dsv4: fetched " in piped.stderr
+        quiet = subprocess.run(
+            [*args, "-q", "--cache-dir", str(tmp_path / "quiet")], capture_output=True, text=True, env=env
+        )
+        assert "fetch" not in quiet.stderr and quiet.stdout.strip().startswith("drift: vLLM 9.9.9")
+    finally:
+        server.shutdown()
+
+
+def test_rich_is_imported_only_where_progress_is_shown(make_tree, cli):
+    from tests.releases import wheel
+
+    tree = make_tree("0.30.0")
+    assert cli("apply", "--site-packages", tree).code == 0
+    code = (
+        "import sys; from patch_dsv4.cli import main\n"
+        "for args in sys.argv[1:]:\n"
+        "    main(args.split('|'))\n"
+        "print(sorted(m for m in sys.modules if m == 'rich' or m.startswith('rich.')))\n"
+    )
+    runs = [
+        f"verify|--site-packages|{tree}",
+        f"status|--site-packages|{tree}",
+        f"drift|--wheel|{wheel('vllm', '0.30.0')}",
+    ]
+    out = subprocess.run([sys.executable, "-c", code, *runs], capture_output=True, text=True, cwd=ROOT)
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout[-500:] + out.stderr[-500:]
+
+
+# -- the entry point: doctor tried in a minute ------------------------------------------------------------
+def test_try_doctor_builds_its_packs_and_its_commands_work(tmp_path, make_tree, monkeypatch):
+    import importlib.util
+    import shlex
+
+    spec = importlib.util.spec_from_file_location("try_doctor", ROOT / "examples" / "try_doctor.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    packs = module.build(tmp_path / "packs")
+    assert sorted(packs) == ["dsv4-small", "dsv41-flash", "dsv41-no-engram"]
+    tree = make_tree("0.34.0")
+    lines = module.commands(packs, ["--site-packages", str(tree)], None)
+    commands = " ".join(line for line in lines if not line.startswith("#")).replace("\\ ", " ").split("patch-dsv4 ")
+    results = []
+    for command in filter(str.strip, commands):
+        result = run_cli(*shlex.split(command))
+        assert result.code in (0, 1) and "Traceback" not in result.stderr, (command, result.stderr)
+        results.append(result.stdout)
+    assert all(r.splitlines()[-1].startswith("doctor: ") for r in results)
+    assert "fail  v41.engram-tables" in results[2] and "fail  v41.engram-tables" not in results[1]
+    assert all(len(line) <= 80 for line in lines if not line.startswith(("    --site-packages", "    --pack /")))

@@ -811,18 +811,18 @@ def render_doctor(report, fmt: str, verbosity: int = 0) -> None:
     fixed = report.fixed
     if fixed is not None:
         if fixed.refused:
-            sys.stderr.write(f"patch-dsv4: --fix-config wrote nothing: {fixed.refused}\n")
+            say(f"--fix-config wrote nothing: {fixed.refused}")
         elif fixed.diff and not getattr(fixed, "written", True):
             sys.stdout.write(fixed.diff)
-            sys.stderr.write(
-                f"patch-dsv4: --fix-config wrote nothing: {report.pack} is on the Hub; make these edits in the "
-                "downloaded pack (or run doctor --fix-config on its directory)\n"
+            say(
+                f"--fix-config wrote nothing: {report.pack} is on the Hub; make these edits in the downloaded pack "
+                "(or run doctor --fix-config on its directory)"
             )
         elif fixed.diff:
             sys.stdout.write(fixed.diff)
-            sys.stderr.write(f"patch-dsv4: wrote {fixed.config}; the original is kept as {fixed.backup}\n")
+            say(f"wrote {fixed.config}; the original is kept as {fixed.backup}")
         else:
-            sys.stderr.write("patch-dsv4: --fix-config: config.json needs no change\n")
+            say("--fix-config: config.json needs no change")
     if fmt == "markdown":
         lines = [
             f"**patch-dsv4 doctor**: vLLM {report.vllm_version}, pack `{report.pack}`",
