@@ -24,6 +24,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import shlex
 import stat
 from dataclasses import dataclass
 
@@ -62,7 +63,6 @@ def _cause(path, exc: Exception) -> tuple[str, str] | None:
     """(the cause in words, what removes it) of a write refused at ``path`` (a file, or the state directory); None
     where the error says all there is."""
     import errno
-    import shlex
 
     from patch_dsv4.tree import mounts
 
@@ -314,7 +314,7 @@ def write_revert(env: Environment, store: StateStore, manifest: Manifest, restor
             raise WriteFailed(
                 "reverted, but could not remove all of the state",
                 _os_reason(exc) if isinstance(exc, OSError) else str(exc),
-                f"remove {store.dir_path}",
+                f"rm -r {shlex.quote(str(store.dir_path))}",
             ) from None
         undone = _put_back(env, done, lambda t: t.old) and _restore_manifest(store, manifest)
         raise _failure("restore", current, exc, undone, env) from None
