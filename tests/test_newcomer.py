@@ -240,8 +240,9 @@ def test_an_immutable_file_is_named_with_the_command_that_frees_it(make_tree, cl
         assert all(len(line) <= 80 or len(line.split()) <= 3 for line in result.stderr.splitlines())
         (said,) = error_lines(result.stderr)
         assert said == (
-            f"patch-dsv4: error: cannot write {FLASHINFER_SPARSE}: the file is immutable (chattr +i; lsattr shows"
-            f" it); nothing was changed (next: chattr -i {target}, then patch-dsv4 apply --site-packages {tree})"
+            f"patch-dsv4: error: cannot write {FLASHINFER_SPARSE}: Operation not permitted: the file is immutable"
+            f" (chattr +i; lsattr shows it); nothing was changed (next: chattr -i {target}, then patch-dsv4 apply"
+            f" --site-packages {tree})"
         )
     finally:
         subprocess.run(["chattr", "-i", str(target)], check=True)

@@ -83,8 +83,9 @@ def test_a_drifted_patch_says_where_at_once_and_the_code_under_v(make_tree, cli)
     assert lines[row + 2].startswith("  wide-swa ")  # V4.1's files are untouched: one line, for the one file
     assert anchor not in "\n".join(lines)  # the expected/found block is under -v
     verbose = cli("status", "--site-packages", tree, "-v").stdout.splitlines()
-    at = verbose.index("      in common/vl_model.py:DeepseekV4ForConditionalGeneration.load_weights, expected:")
-    assert verbose[at + 1 : at + 4] == [
+    at = verbose.index("      in common/vl_model.py:DeepseekV4ForConditionalGeneration.load_weights")
+    assert verbose[at + 1 : at + 5] == [
+        "      expected:",
         f"        {anchor}",
         "      found:",
         "        mapped = iter(sorted(mapped, key=lambda x: (x[0], 0)))",

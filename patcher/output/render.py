@@ -530,8 +530,8 @@ def verbose_lines(doc: dict, style: Style, per_patch: Callable[[str], list[str]]
             if _is_shown_in_full(edit):
                 import textwrap  # only where code is shown
 
-                where = f"in {short_path(edit['file'])}:{edit['scope']}, expected:"
-                lines.extend(_wrap_fitting(where, style.width, "      "))
+                lines.extend(_wrap_fitting(f"in {short_path(edit['file'])}:{edit['scope']}", style.width, "      "))
+                lines.append("      expected:")
                 lines.extend("        " + line for line in textwrap.dedent(edit["expected"]).splitlines())
                 if edit["found"] is not None:
                     lines.append("      found:")

@@ -60,29 +60,39 @@ def _failure(action: str, rel: str, exc: Exception, undone: bool, env: Environme
 
 
 def _cause(path, exc: Exception) -> tuple[str, str] | None:
-    """(the cause in words, what removes it) of a write refused at ``path`` (a file, or the state directory); None
-    where the error says all there is."""
+    """(the error and its cause in words, what removes it) of a write refused at ``path`` (a file, or the state
+    directory), where something on disk says it (an immutable or append-only file or directory, a read-only file
+    system, a mode this user may not write); None where the error says all there is."""
     import errno
 
     from patch_dsv4.tree import mounts
 
     if not isinstance(exc, OSError) or exc.errno not in (errno.EPERM, errno.EACCES, errno.EROFS):
         return None
+    reason = _os_reason(exc)
     path = path if os.path.lexists(path) else path.parent
     why = mounts.why_unreplaceable(str(path), mounts.read_mounts()) or ""
     for flag, kind in (("i", "immutable"), ("a", "append-only")):
         if f"is {kind} (chattr +{flag})" in why:
             held, which = (path, "the file") if why.startswith("the file") else (path.parent, "its directory")
-            return f"{which} is {kind} (chattr +{flag}; lsattr shows it)", f"chattr -{flag} {shlex.quote(str(held))}"
+            return (
+                f"{reason}: {which} is {kind} (chattr +{flag}; lsattr shows it)",
+                f"chattr -{flag} {shlex.quote(str(held))}",
+            )
+    if why.startswith("on a read-only file system"):
+        return f"{reason}: the file system is read-only", "patch the image it comes from, or remount it read-write"
     if why:
-        return why, "patch the image it comes from"
+        return f"{reason}: {why}", "fix the cause"
+    effective = os.access in os.supports_effective_ids
+    if exc.errno == errno.EROFS or os.access(path, os.W_OK, effective_ids=effective):
+        return None  # nothing on disk says more than the error
     try:
         st = os.stat(path)
     except OSError:
         return None
     owner, me = user_name(st.st_uid), user_name(os.geteuid())
     return (
-        f"{me} may not write {path} (owner {owner}, mode {stat.filemode(st.st_mode)})",
+        f"{reason}: {me} may not write {path} (owner {owner}, mode {stat.filemode(st.st_mode)})",
         f"{{again}}, as {owner}" + ("" if owner == "root" else " or as root"),
     )
 
