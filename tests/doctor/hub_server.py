@@ -16,16 +16,17 @@ again; a HEAD of such a file answers 302 with ``X-Linked-Size`` and
 whether an ``Authorization`` header reached it: it must not).
 
 It counts what both send: ``bytes_sent`` (bodies), ``payload_bytes`` (bytes past a
-shard's header, i.e. tensor data), ``requests`` (each with the server that
-answered it). Misbehaviours are switches: ``ignore_range`` (a 200 with the whole
-file), ``truncate`` (file names whose ranged answers stop half-way), ``missing``
-(files listed but 404), ``wrong_range`` (a Content-Range other than the one
-asked), ``token`` (a gated repository: 401 GatedRepo without ``Authorization:
-Bearer <token>``), and the hostile ones, each a set of request kinds (``tree``,
-``head``, ``get``, ``cdn``) it applies to: ``stall`` (never answers), ``trickle``
-(one byte a second), ``rate_limit`` (429 with ``Retry-After: 100000``); with
+shard's header, i.e. tensor data), ``requests`` (method, path, Range; the CDN's
+paths start ``/cdn/``), ``most_in_flight`` (the most requests answered at once).
+Misbehaviours are switches: ``ignore_range`` (a 200 with the whole file),
+``truncate`` (file names whose ranged answers stop half-way), ``missing`` (files
+listed but 404), ``wrong_range`` (a Content-Range other than the one asked),
+``token`` (a gated repository: 401 GatedRepo without ``Authorization: Bearer
+<token>``), and the hostile ones, each a set of request kinds (``tree``, ``head``,
+``get``, ``cdn``) it applies to: ``stall`` (never answers), ``trickle`` (one byte
+a second), ``rate_limit`` (429 with ``Retry-After: 100000``); with
 ``endless_pages`` every listing page links a next one, with ``gzip_bomb`` the
-listing is 256 MB of JSON whitespace sent as 261 KB of gzip, ``extra_files``
+listing is 256 MB of JSON whitespace sent as 261 KB of gzip; ``extra_files``
 adds names (any characters) to the listing. A stalled or trickling answer ends
 when the server is shut down. Started by :func:`serving` in daemon threads, bound
 to 127.0.0.1 only.
@@ -97,6 +98,8 @@ class StandInHub(ThreadingHTTPServer):
         self.tree_bytes = 0  # of bytes_sent, the listings (read by huggingface_hub itself)
         self.ignored_sent = 0  # body bytes written while ignoring Range (before the client hung up)
         self.cdn_authorization = 0  # requests that reached the CDN with an Authorization header
+        self.in_flight = 0  # requests being answered now, by both servers
+        self.most_in_flight = 0
         self.requests: list[tuple[str, str, str | None]] = []  # (method, path, Range); the CDN's paths start /cdn/
         self.lock = threading.Lock()
 
@@ -205,6 +208,16 @@ class _Handler(BaseHTTPRequestHandler):
         hub = self.server.hub
         with hub.lock:
             hub.requests.append((self.command, url.path, self.headers.get("Range")))
+            hub.in_flight += 1
+            hub.most_in_flight = max(hub.most_in_flight, hub.in_flight)
+        try:
+            self._answer(url, parts)
+        finally:
+            with hub.lock:
+                hub.in_flight -= 1
+
+    def _answer(self, url, parts: list[str]) -> None:
+        hub = self.server.hub
         kind = self._kind(parts)
         self._trickling = kind in hub.trickle
         if kind in hub.stall:

@@ -5,12 +5,13 @@ a stand-in Hub on loopback (tests/doctor/hub_server.py) serving synthetic packs 
 from __future__ import annotations
 
 import os
+import shlex
 import struct
 import sys
+from collections import Counter
 
 import pytest
 
-from patch_dsv4.doctor.readers import hub as hub_module
 from patch_dsv4.doctor.readers.base import DoctorContext, run_checks
 from patch_dsv4.doctor.readers.hub import open_source
 from patch_dsv4.doctor.run import _read_hub_pack, _register_checks, pack_checks
@@ -94,12 +95,39 @@ def test_a_full_size_v41_pack_on_the_hub_is_judged_as_on_disk_from_its_headers_a
     assert source.bytes_read <= 2 * headers + json_bytes(full_v41)
     assert hub.bytes_sent - hub.tree_bytes == source.bytes_read  # doctor's count is what the server sent
     assert hub.payload_bytes <= headers
-    assert all(rng is not None for method, path, rng in hub.requests if path.endswith(".safetensors"))
+    assert all(
+        rng is not None for method, path, rng in hub.requests if method == "GET" and path.endswith(".safetensors")
+    )
     info = rows["pack.source"]
     assert info.status == "info" and commit_of(REPO) in info.detail
     assert f"read {source.bytes_read:,} bytes" in info.detail and "no shard downloaded" in info.detail
     assert rows["experts.markers"].status == "skip" and "does not read from the Hub" in rows["experts.markers"].detail
     assert rows["pack.symlinks"].status == "skip"
+
+
+def test_behind_a_cdn_every_header_is_asked_for_at_once_with_one_range_each(hub_env, full_v41):
+    """The Hub answers a large file with a redirect to a CDN: the ranged GET is made there, its Range kept and
+    the token left behind; the headers are asked for side by side, each with one range in the common case
+    (its size from the index), and no more bytes than the headers and a few percent."""
+    shards = sorted(p.name for p in full_v41.glob("*.safetensors"))
+    with serving({REPO: full_v41}, cdn=True, delay=0.05) as hub:
+        hub.token = "hf_test_token"
+        hub_env.setenv("HF_ENDPOINT", hub.endpoint)
+        hub_env.setenv("HF_TOKEN", hub.token)
+        ctx, rows = judge(f"hf://{REPO}")
+    local = local_rows(full_v41)
+    assert {i: (r.status, r.detail) for i, r in rows.items() if i not in HUB_ONLY} == {
+        i: (r.status, r.detail.replace(str(full_v41), f"hf://{REPO}")) for i, r in local.items() if i not in HUB_ONLY
+    }
+    at_cdn = [(path.rsplit("/", 1)[1], rng) for method, path, rng in hub.requests if path.startswith("/cdn/")]
+    ranges = Counter(name for name, rng in at_cdn if name in shards)
+    assert all(rng is not None for name, rng in at_cdn if name in shards)  # the Range went along
+    assert set(ranges) == set(shards) and sum(n == 1 for n in ranges.values()) >= 0.8 * len(shards)
+    assert max(ranges.values()) <= 2
+    assert hub.cdn_authorization == 0  # the token stays with the Hub
+    assert hub.most_in_flight >= 16  # side by side, not one after the other
+    assert ctx.source.header_bytes <= 1.05 * headers_bytes(full_v41)
+    assert hub.bytes_sent - hub.tree_bytes == ctx.source.bytes_read
 
 
 def test_doctor_from_the_hub_as_a_user_runs_it(hub_env, make_tree, tmp_path):
@@ -252,8 +280,8 @@ def test_without_huggingface_hub_the_error_says_which_extra_to_install(monkeypat
     monkeypatch.setitem(sys.modules, "huggingface_hub", None)
     with pytest.raises(EnvironmentProblem) as raised:
         open_source(f"hf://{REPO}")
-    assert "pip install 'patch-dsv4[hub]'" in raised.value.line()
-    assert hub_module.INSTALL == "pip install 'patch-dsv4[hub]'"
+    # into the interpreter that runs patch-dsv4, whichever pip is first on PATH
+    assert f"{shlex.quote(sys.executable)} -m pip install 'patch-dsv4[hub]'" in raised.value.line()
 
 
 def test_fix_config_on_a_hub_pack_prints_the_edits_and_writes_nothing(hub_env, make_tree, tmp_path):
