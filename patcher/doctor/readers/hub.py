@@ -244,7 +244,6 @@ class HubSource(PackSource):
         self._hub, self._errors, self._utils = huggingface_hub, errors, utils
         self._origin = self._origin_of(self.endpoint)
         utils.get_session()  # made once, here, not by the first requests racing to make it
-        self._headers(self.endpoint, {})  # the token and user agent, looked up once
 
     # ---- opening
 
@@ -298,9 +297,14 @@ class HubSource(PackSource):
             )
         if isinstance(exc, errors.HfHubHTTPError):
             return self._stop(f"{what}: {_first_line(exc)}")
+        if isinstance(exc, TimeoutError) or "Timeout" in type(exc).__name__:
+            return self._stop(f"{what}: the server sent nothing for {TIMEOUT:g} s", "check the network, or HF_ENDPOINT")
         return self._stop(f"{what}: {type(exc).__name__}: {_first_line(exc)}", "check the network, or HF_ENDPOINT")
 
     def _open(self) -> None:
+        # The token and user agent, looked up once: huggingface_hub may ask the endpoint for it (its agent
+        # registry), so within the deadline too.
+        self._wait(self._submit(self._headers, self.endpoint, {}), "its first answer (huggingface_hub's agent list)")
         revision = self.revision or "main"
         at_commit = COMMIT.fullmatch(revision) is not None
         config = self._submit(self._fetch_file, CONFIG_NAME, revision, CONFIG_LIMIT)
