@@ -20,6 +20,7 @@ from tests.conftest import run_cli
 from tests.doctor.hub_server import commit_of, serving
 from tests.doctor.synthetic import build_mixedk_pack
 from tests.doctor.synthetic_v41 import FLASH, SMALL41, build_v41_pack
+from tests.errors import error_lines
 
 REPO = "vcruz305/DeepSeek-V4.1-Flash-EXL3"
 # What a Hub pack cannot be judged on as a local one is: links on a disk, the markers in the data, where it is.
@@ -316,3 +317,24 @@ def test_fix_config_on_a_v41_hub_pack_prints_v41s_own_edits(hub_env, tmp_path):
     assert result.written is False and result.refused is None
     assert '-    "quant_method": "fp8"' in result.diff and '+    "quant_method": "exl3"' in result.diff
     assert (pack / "config.json").read_bytes() == before
+
+
+def test_an_empty_hf_endpoint_means_the_hub_and_a_bare_host_is_one_clear_line(hub_env, make_tree):
+    """``HF_ENDPOINT=""`` (a script's ``HF_ENDPOINT=$MIRROR`` with no mirror) reads from the Hub, as if unset;
+    ``HF_ENDPOINT=hf-mirror.com`` (no scheme) is said to be no URL. Offline, so nothing leaves the machine."""
+    import subprocess
+
+    tree = make_tree("0.34.0")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    env.update(HF_ENDPOINT="", HF_HUB_OFFLINE="1", HF_HOME=os.environ["HF_HOME"])
+    command = [sys.executable, "-m", "patch_dsv4", "doctor", "--site-packages", str(tree), "--pack", f"hf://{REPO}"]
+    proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
+    (line,) = error_lines(proc.stderr)
+    assert proc.returncode == 2 and line.startswith(
+        f"patch-dsv4: error: cannot read hf://{REPO} from https://huggingface.co: HF_HUB_OFFLINE is set"
+    )
+    hub_env.setenv("HF_ENDPOINT", "hf-mirror.com")
+    result = run_cli("doctor", "--site-packages", tree, "--pack", f"hf://{REPO}")
+    (line,) = error_lines(result.stderr)
+    assert result.code == 2 and line.startswith("patch-dsv4: error: HF_ENDPOINT='hf-mirror.com' is not a URL")
+    assert "UnsupportedProtocol" not in result.stderr

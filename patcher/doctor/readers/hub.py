@@ -457,6 +457,8 @@ class HubSource(PackSource):
         except (HubStop, _Late):
             raise
         except OSError as exc:
+            if isinstance(exc, self._errors.OfflineModeIsEnabled):  # an OSError, but no fault of the file
+                raise self._hub_error(exc, f"GET {name}") from None
             return _Fetched(None, exc, commit)
         except Exception as exc:
             raise self._hub_error(exc, f"GET {name}") from None
