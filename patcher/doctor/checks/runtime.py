@@ -66,6 +66,14 @@ def pip_python(runtime: Runtime) -> str:
     return value if option == "--python" and value else sys.executable
 
 
+def _python_of_target(runtime: Runtime) -> str:
+    """A command line's python that imports from the serving environment."""
+    option, value = _target(runtime)
+    if option == "--site-packages" and value:
+        return f"PYTHONPATH={shlex.quote(value)} python3"
+    return shlex.quote(pip_python(runtime))
+
+
 def pip_install(runtime: Runtime, *args: str) -> str:
     """``pip install ARGS`` into the serving environment as the user named it (the form rt.patches and every
     command of the tool name it): ``EXE -m pip install`` for --python, ``pip install --no-deps --upgrade --target
@@ -647,7 +655,7 @@ def build_exllamav3_fix(ctx: DoctorContext) -> str:
         "build the compiled extension into the serving venv: git clone https://github.com/turboderp-org/exllamav3 && "
         + ("(on aarch64, first apply the recipe's patch_exllamav3_aarch64.py to the clone) " if aarch64 else "")
         + f"TORCH_CUDA_ARCH_LIST={_arch_list(ctx)} {pip_install(ctx.runtime, '--no-build-isolation', './exllamav3')}; "
-        + f'check with {shlex.quote(pip_python(ctx.runtime))} -c "import torch, exllamav3_ext"'
+        + f'check with {_python_of_target(ctx.runtime)} -c "import torch, exllamav3_ext"'
     )
 
 

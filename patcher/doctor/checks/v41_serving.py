@@ -100,10 +100,13 @@ def check_ep_filter_draft(ctx: DoctorContext) -> Row:
         dspark_on(ctx),
     ]
     if not all(on):
+        names = ("--enable-expert-parallel", "--enable-ep-weight-filter", "DSpark --speculative-config")
+        missing = [name for name, present in zip(names, on, strict=True) if not present]
+        listed = ", no ".join(missing[:-1]) + (" and no " if len(missing) > 1 else "") + missing[-1]
         return Row(
             "v41.ep-filter-draft",
             PASS,
-            "not all of expert parallelism, --enable-ep-weight-filter and a DSpark draft are on the serve line.",
+            f"the serve line has no {listed}: the EP weight filter skips no DSpark draft expert.",
         )
     tp, dp = tensor_parallel_size(ctx), data_parallel_size(ctx)
     if numbers is None or tp is None or dp is None:
