@@ -338,3 +338,58 @@ def test_an_empty_hf_endpoint_means_the_hub_and_a_bare_host_is_one_clear_line(hu
     (line,) = error_lines(result.stderr)
     assert result.code == 2 and line.startswith("patch-dsv4: error: HF_ENDPOINT='hf-mirror.com' is not a URL")
     assert "UnsupportedProtocol" not in result.stderr
+
+
+def _doctor_on_a_terminal(tree, endpoint: str, *args: str) -> tuple[int, str, str]:
+    """(exit status, stdout, what reached the terminal) of doctor in a fresh process whose stderr is a terminal
+    (a pseudo-terminal this test reads) and whose stdout is a pipe."""
+    import pty
+    import subprocess
+    import threading
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    env.update(HF_ENDPOINT=endpoint, HF_HOME=os.environ["HF_HOME"], TERM="xterm", COLUMNS="80", NO_PROXY="127.0.0.1")
+    master, slave = pty.openpty()
+    command = [sys.executable, "-m", "patch_dsv4", "doctor", "--site-packages", str(tree), "--pack", f"hf://{REPO}"]
+    proc = subprocess.Popen([*command, *args], stdout=subprocess.PIPE, stderr=slave, env=env)
+    os.close(slave)
+    seen = bytearray()
+
+    def read() -> None:
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # the terminal's other end closed
+                return
+            if not chunk:
+                return
+            seen.extend(chunk)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    stdout, _ = proc.communicate(timeout=120)
+    reader.join(timeout=10)
+    os.close(master)
+    return proc.returncode, stdout.decode(), seen.decode("utf-8", "replace")
+
+
+def test_reading_from_the_hub_shows_progress_on_a_terminal_only(hub_env, make_tree, tmp_path):
+    """On a terminal doctor shows what it has read (headers, requests, bytes) while it reads; nothing extra on
+    a pipe or with -q."""
+    import subprocess
+
+    tree = make_tree("0.34.0")
+    pack = build_v41_pack(tmp_path / "pack", SMALL41)
+    with serving({REPO: pack}, cdn=True, delay=0.2) as hub:
+        code, stdout, terminal = _doctor_on_a_terminal(tree, hub.endpoint)
+        assert code == 1 and "pack.source" in stdout
+        assert f"reading hf://{REPO}" in terminal and "headers," in terminal and " requests, " in terminal
+        code, stdout, terminal = _doctor_on_a_terminal(tree, hub.endpoint, "-q")
+        assert code == 1 and terminal == ""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+        env.update(HF_ENDPOINT=hub.endpoint, HF_HOME=os.environ["HF_HOME"], NO_PROXY="127.0.0.1")
+        command = [sys.executable, "-m", "patch_dsv4", "doctor", "--site-packages", str(tree)]
+        piped = subprocess.run(
+            [*command, "--pack", f"hf://{REPO}"], capture_output=True, text=True, env=env, timeout=120
+        )
+    assert piped.returncode == 1 and piped.stderr == ""

@@ -821,7 +821,8 @@ def _read_body(source: HubSource, response, limit: int, what: str, strict: bool 
 
 
 class _Progress:
-    """What doctor has read of a Hub pack, on a terminal (rich, on stderr): requests, bytes, shards parsed."""
+    """What doctor has read of a Hub pack, on a terminal (rich, on stderr, cleared when done): the headers parsed,
+    the requests made and the bytes read so far, read afresh at each refresh."""
 
     def __init__(self, source: HubSource, progress, task):
         self.source, self.progress, self.task, self.done = source, progress, task, 0
@@ -829,30 +830,33 @@ class _Progress:
     @classmethod
     def start(cls, source: HubSource) -> _Progress | None:
         from rich.console import Console
-        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+        from rich.progress import BarColumn, Progress, ProgressColumn, TextColumn, TimeElapsedColumn
+        from rich.text import Text
 
         console = Console(stderr=True)
         if not console.is_terminal:
             return None
+
+        class Counts(ProgressColumn):
+            def render(self, task) -> Text:
+                shards = f"{int(task.completed)}/{int(task.total)} headers, " if task.total else ""
+                return Text(f"{shards}{source.requests} requests, {source.bytes_read / 1e6:.1f} MB")
+
         progress = Progress(
             TextColumn("{task.description}"),
             BarColumn(bar_width=20),
-            TextColumn("{task.fields[said]}"),
+            Counts(),
             TimeElapsedColumn(),
             console=console,
             transient=True,
         )
-        task = progress.add_task(f"reading {source.label}", total=None, said="")
+        task = progress.add_task(f"reading {source.label}", total=None)
         progress.start()
         return cls(source, progress, task)
 
     def update(self) -> None:
-        source = self.source
-        shards = len(source._shard_names())
-        said = f"{source.requests} requests, {source.bytes_read / 1e6:.1f} MB"
-        if shards:
-            said = f"{self.done}/{shards} headers, " + said
-        self.progress.update(self.task, total=shards or None, completed=self.done, said=said)
+        shards = len(self.source._shard_names())
+        self.progress.update(self.task, total=shards or None, completed=self.done)
 
     def shard_done(self) -> None:
         self.done += 1
