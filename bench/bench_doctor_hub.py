@@ -153,7 +153,8 @@ def main() -> None:
     try:
         code_env = dict(os.environ)
         if args.code:
-            code_env["PYTHONPATH"] = _code_path(args.code.resolve(), work)
+            paths = [_code_path(args.code.resolve(), work), os.environ.get("PYTHONPATH", "")]
+            code_env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
         print(f"doctor of {args.code or ROOT}")
         pack = work / "pack"
         started = time.perf_counter()
