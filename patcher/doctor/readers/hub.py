@@ -8,18 +8,25 @@ What is read, through huggingface_hub's HTTP session (the optional extra
 1. at once, side by side: ``config.json`` and ``model.safetensors.index.json``
    at the revision named, each with one GET read to at most doctor's limit for
    the file; the answer's ``X-Repo-Commit`` names the commit, and everything
-   after is read at that commit (the report names it);
+   after is read at that commit (the report names it; a file whose answer named
+   another commit, the branch having moved, is read again at it);
 2. the repository's top-level files and sizes at that commit (the tree listing,
-   page by page, each page's JSON bounded);
+   page by page, each page's JSON bounded), then, while the index is parsed, a
+   HEAD of each shard: a large file (every shard) answers with a redirect to a
+   CDN, whose link the ranged GETs then use directly (the token stays with the
+   Hub);
 3. every shard's header with ranged GETs, up to 64 at a time: one range per
    shard of the 8-byte length and the header's likely size, estimated from the
    index (the tensor names each shard holds, ``ENTRY_BYTES`` a tensor besides
    its name and the digits of its offsets, 2% over), and a second request, to
-   where the first was redirected, only when the header is longer. A large file
-   (every shard, a big index) answers with a redirect to a CDN, which the
-   session follows with the ``Range`` kept and the token dropped. Without an
-   index the first range is ``8 + FIRST_READ``. On the full-size synthetic
-   V4.1 pack: 48 requests and 1.02 x the headers' bytes (bench/bench_doctor_hub.py).
+   the same link, only when the header is longer. Without an index the first
+   range is ``8 + FIRST_READ``. On the full-size synthetic V4.1 pack: 48 ranged
+   requests, 4 second ones, 1.02 x the headers' bytes (bench/bench_doctor_hub.py).
+
+So the reads take 4 round trips one after the other (the commit, the listing,
+the CDN links, the ranges; the index's redirect, transfer and parse beside the
+middle two; a fifth for a header longer than its estimate), whatever the number
+of shards up to 64, where they took one per request before.
 
 Bounds, whatever the server does: one deadline for all of it (``--hub-timeout``,
 ``PATCH_DSV4_HUB_TIMEOUT``; ``DEADLINE`` seconds by default), past which doctor
@@ -685,7 +692,10 @@ class HubSource(PackSource):
         if size is not None and size < 8:
             return bytearray(), size, want
         located = self._located.get(raw)
-        link = located.result(timeout=max(self.deadline - time.monotonic(), 0)) if located is not None else None
+        try:
+            link = located.result(timeout=max(self.deadline - time.monotonic(), 0)) if located else None
+        except TimeoutError:
+            raise _Late() from None
         try:
             prefix, total, url = self._range(path, 0, max(want, 8), link)
         except ShardError:
