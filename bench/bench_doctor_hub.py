@@ -27,6 +27,19 @@ wall, 0.72-0.79 s CPU, 105 MB (main before this round, same host and hour: 1.12 
 32 item 5's work: 1.50 s, 1.45 s, 108 MB); from the stand-in Hub 34,428,785 bytes read, 0.65 of the bound. Where
 the project's modules have no .pyc (PYTHONDONTWRITEBYTECODE set, an editable install) compiling them adds ~0.25 s
 to each run: ``python -m compileall patcher`` first.
+
+Issue 39 item 4 (the same host at a load of 5 on its 2 cores, 5 runs a delay, the stand-in with its CDN;
+``--code`` a checkout of 484095a for "before"):
+
+    delay   before: wall   CPU  requests  bytes read   after: wall   CPU  requests  bytes read
+     0 ms        2.57 s  1.07 s     131   34,428,785        2.86 s  1.03 s    104   34,129,454
+    50 ms        9.81 s  1.22 s     131   34,428,785        3.02 s  1.02 s    104   34,129,454
+   150 ms       22.82 s  1.21 s     131   34,428,785        3.21 s  1.07 s    104   34,129,454
+
+On that host a run's wall time is its CPU time stretched by the load (on disk: 2.0 s wall for 0.74 s of CPU);
+what latency adds is the measure of the change: +0.36 s from 0 to 150 ms a request (4 round trips one after the
+other, and the 150 ms of the first), where it added 20.3 s before (one round trip a request). On a quiet host
+(on disk 0.8 s) that is about 1.1 s at 0 ms and 1.5-1.7 s at 150 ms.
 """
 
 from __future__ import annotations
@@ -70,9 +83,13 @@ start, cpu = time.perf_counter(), time.process_time()
 from patch_dsv4.doctor.readers.base import CHECKS, DoctorContext, run_checks
 from patch_dsv4.doctor.run import _read_hub_pack, _register_checks, pack_checks
 from patch_dsv4.doctor.readers.hub import open_source
-ctx = DoctorContext(pack=open_source(sys.argv[1]))
-_read_hub_pack(ctx)
+try:  # as run.doctor does: the first requests made, the check modules imported while they are answered
+    source = open_source(sys.argv[1], wait=False)
+except TypeError:  # a doctor from before the Hub's reads were made side by side
+    source = open_source(sys.argv[1])
+ctx = DoctorContext(pack=source)
 _register_checks()
+_read_hub_pack(ctx)
 rows = run_checks(ctx, [s for s in CHECKS if s.id == "pack.source"] + pack_checks())
 source = ctx.source
 print(json.dumps({
@@ -183,7 +200,10 @@ def main() -> None:
 
         bound = 2 * headers + json_files
         print(f"from the stand-in Hub, its large files behind a loopback CDN; {args.repeat} runs a delay:")
-        print(f"  {'delay':>6} {'wall (median)':>14} {'max RSS':>9} {'requests':>9} {'bytes read':>12} {'sent':>12}")
+        print(
+            f"  {'delay':>6} {'wall (median)':>14} {'CPU':>8} {'max RSS':>9} {'requests':>9} {'bytes read':>12} "
+            f"{'sent':>12}"
+        )
         for delay in args.delays:
             server = subprocess.Popen(
                 [sys.executable, "-c", SERVER, REPO, str(pack), str(delay)],
@@ -207,8 +227,9 @@ def main() -> None:
                 server.wait(timeout=30)
             report = runs[-1][1]
             wall, rss = med(r[0] for r in runs), max(r[1]["max_rss_mb"] for r in runs)
+            cpu = med(r[1]["cpu"] for r in runs)
             print(
-                f"  {delay * 1000:4.0f} ms {wall:12.3f} s {rss:6.1f} MB "
+                f"  {delay * 1000:4.0f} ms {wall:12.3f} s {cpu:6.3f} s {rss:6.1f} MB "
                 f"{counts[-1]['requests']:9} {report['bytes_read']:12,} {counts[-1]['sent']:12,}"
                 + (f"  fails: {report['fails']}" if report["fails"] else "")
             )

@@ -237,8 +237,9 @@ def doctor(
 
     source = None
     if isinstance(pack, str) and is_hub_pack(pack):
-        # the revision resolved, the files listed; EnvironmentProblem when it cannot be
-        source = open_source(pack, hub_timeout, progress)
+        # its first requests made; they are answered while this environment is read (EnvironmentProblem when
+        # the Hub cannot be read: at _read_hub_pack)
+        source = open_source(pack, hub_timeout, progress, wait=False)
     elif pack is not None:
         pack = Path(pack)
         try:
@@ -264,6 +265,7 @@ def doctor(
         pack=source if source is not None else pack, runtime=runtime_for(env), environ=dict(os.environ), serve_args=args
     )
     if source is not None:
+        _register_checks()  # the check modules imported while the Hub answers too
         _read_hub_pack(ctx)
     if fix_config:
         from patch_dsv4.doctor.fix_config import fix_config as write_fixes

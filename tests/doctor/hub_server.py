@@ -235,6 +235,8 @@ class _Handler(BaseHTTPRequestHandler):
                     with hub.lock:
                         hub.cdn_authorization += 1
                 return self._cdn(parts, url.query)
+            if parts == ["api", "agent-harnesses"]:  # huggingface_hub's agent list (it keeps it for a day)
+                return self._send(200, {"Content-Type": "application/json"}, b'{"standardEnvVars":[],"harnesses":{}}')
             if kind == "tree":
                 return self._tree(parts[2], parts[3], parts[5] if len(parts) > 5 else "main", url.query)
             if len(parts) >= 5 and parts[2] == "resolve":

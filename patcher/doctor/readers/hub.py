@@ -245,6 +245,9 @@ class HubSource(PackSource):
         self._estimates: dict[str, int] = {}
         self._held = 0  # bytes read ahead and not yet parsed
         self._lock = threading.RLock()
+        self._headers_lock = threading.Lock()
+        self._base_headers: dict[str, str] | None = None
+        self._opening: tuple | None = None  # the first requests' futures, until ready()
         import huggingface_hub  # checked by open(): present here
         from huggingface_hub import errors, utils
 
@@ -255,8 +258,9 @@ class HubSource(PackSource):
     # ---- opening
 
     @classmethod
-    def open(cls, text: str, timeout: float | None = None, progress: bool = False) -> HubSource:
-        """The source ``hf://...`` names, its revision resolved to a commit and its files listed."""
+    def open(cls, text: str, timeout: float | None = None, progress: bool = False, wait: bool = True) -> HubSource:
+        """The source ``hf://...`` names, its first requests made; with ``wait``, its revision resolved to a
+        commit and its files listed (else at the first use of its files, or :meth:`ready`)."""
         repo, revision = parse_hub_pack(text)
         try:
             import huggingface_hub  # noqa: F401
@@ -267,12 +271,21 @@ class HubSource(PackSource):
         source = cls(repo, revision, hub_endpoint(), timeout=hub_deadline(timeout))
         if progress:
             source.progress = _Progress.start(source)
-        try:
-            source._open()
-        except BaseException:
-            source.finish()
-            raise
+        source._begin()
+        if wait:
+            source.ready()
         return source
+
+    def ready(self) -> None:
+        """Wait for the commit and the listing (raises HubStop when the Hub cannot be read); once."""
+        opening, self._opening = self._opening, None
+        if opening is None:
+            return
+        try:
+            self._settle(*opening)
+        except BaseException:
+            self.finish()
+            raise
 
     def _stop(self, why: str, next_step: str = "") -> HubStop:
         """The one-line stop; the first one made is the one said (other requests in flight then end)."""
@@ -308,15 +321,16 @@ class HubSource(PackSource):
             return self._stop(f"{what}: the server sent nothing for {TIMEOUT:g} s", "check the network, or HF_ENDPOINT")
         return self._stop(f"{what}: {type(exc).__name__}: {_first_line(exc)}", "check the network, or HF_ENDPOINT")
 
-    def _open(self) -> None:
-        # The token and user agent, looked up once: huggingface_hub may ask the endpoint for it (its agent
-        # registry), so within the deadline too.
-        self._wait(self._submit(self._headers, self.endpoint, {}), "its first answer (huggingface_hub's agent list)")
+    def _begin(self) -> None:
+        """The first requests, at once: config.json and the index (and the listing, for a commit named)."""
         revision = self.revision or "main"
-        at_commit = COMMIT.fullmatch(revision) is not None
         config = self._submit(self._fetch_file, CONFIG_NAME, revision, CONFIG_LIMIT)
         index = self._submit(self._fetch_file, INDEX_NAME, revision, INDEX_LIMIT)
-        listing = self._submit(self._list, revision) if at_commit else None
+        listing = self._submit(self._list, revision) if COMMIT.fullmatch(revision) else None
+        self._opening = (config, index, listing)
+
+    def _settle(self, config: Future, index: Future, listing: Future | None) -> None:
+        revision = self.revision or "main"
         first = self._wait(config, CONFIG_NAME)
         commit = first.commit
         if first.missing:  # no config.json (pack.config says so): the commit from the index, else from a shard
@@ -390,10 +404,14 @@ class HubSource(PackSource):
         return parts.scheme, parts.netloc.lower()
 
     def _headers(self, url: str, extra: dict[str, str]) -> dict[str, str]:
-        """huggingface_hub's headers (the token only where the endpoint's origin is), bytes as stored."""
-        on_hub = self._origin_of(url) == self._origin
-        headers = self._utils.build_hf_headers(token=self.token if on_hub else False)
-        if not on_hub:
+        """huggingface_hub's headers (the token only where the endpoint's origin is), bytes as stored. They are
+        built once, by the first request (huggingface_hub may ask the endpoint for its agent list then: in a
+        worker, so within the deadline)."""
+        with self._headers_lock:
+            if self._base_headers is None:
+                self._base_headers = dict(self._utils.build_hf_headers(token=self.token))
+        headers = dict(self._base_headers)
+        if self._origin_of(url) != self._origin:
             headers.pop("authorization", None)
             headers.pop("Authorization", None)
         headers["Accept-Encoding"] = "identity"  # sizes and ranges in bytes of the file itself
@@ -550,6 +568,7 @@ class HubSource(PackSource):
     # ---- reads
 
     def read_file(self, name: str, limit: int) -> bytes:
+        self.ready()
         if name not in self.files:
             raise FileNotFoundError(errno.ENOENT, f"not in the repository at commit {self.commit}")
         size = self.files[name]
@@ -653,6 +672,7 @@ class HubSource(PackSource):
     def prefetch_headers(self, weight_map: dict | None) -> None:
         """Start reading every shard's header, up to WORKERS at a time: a first range of the size the index
         (``weight_map``: tensor -> shard) gives each (see the module docstring), else ``8 + FIRST_READ``."""
+        self.ready()
         names = set(self._shard_names())
         if weight_map:
             lengths: dict[str, int] = {}
@@ -759,9 +779,11 @@ class HubSource(PackSource):
         return f"{shown(name)} of {self.label}"
 
     def has_file(self, name: str) -> bool:
+        self.ready()
         return name in self.files
 
     def shard_files(self) -> list[PurePosixPath]:
+        self.ready()
         return [PurePosixPath(self._shown_name(name)) for name in self._shard_names()]
 
     def file_size(self, file) -> int | None:
@@ -943,10 +965,13 @@ def is_hub_pack(text: str) -> bool:
     return text.startswith(HUB_SCHEME)
 
 
-def open_source(pack: str | Path, timeout: float | None = None, progress: bool = False) -> PackSource:
+def open_source(
+    pack: str | Path, timeout: float | None = None, progress: bool = False, wait: bool = True
+) -> PackSource:
     """The source ``--pack`` names: ``hf://OWNER/NAME[@REVISION]`` on the Hub (its revision resolved to a
-    commit now; raises EnvironmentProblem when that fails), else a local directory. ``timeout``: seconds for
-    all of the Hub reads (None: hub_deadline's default); ``progress``: show them on a terminal."""
+    commit now, or with ``wait`` False at the first use of its files; raises EnvironmentProblem when that
+    fails), else a local directory. ``timeout``: seconds for all of the Hub reads (None: hub_deadline's
+    default); ``progress``: show them on a terminal."""
     if isinstance(pack, str) and is_hub_pack(pack):
-        return HubSource.open(pack, timeout, progress)
+        return HubSource.open(pack, timeout, progress, wait)
     return LocalSource(Path(pack))
