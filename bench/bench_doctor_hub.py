@@ -39,7 +39,8 @@ Issue 39 item 4 (the same host at a load of 5 on its 2 cores, 5 runs a delay, th
 On that host a run's wall time is its CPU time stretched by the load (on disk: 2.0 s wall for 0.74 s of CPU);
 what latency adds is the measure of the change: +0.36 s from 0 to 150 ms a request (4 round trips one after the
 other, and the 150 ms of the first), where it added 20.3 s before (one round trip a request). On a quiet host
-(on disk 0.8 s) that is about 1.1 s at 0 ms and 1.5-1.7 s at 150 ms.
+(on disk 0.8 s) that would be about 1.1 s at 0 ms and 1.5-1.7 s at 150 ms (an estimate from these figures, not
+a run there).
 """
 
 from __future__ import annotations

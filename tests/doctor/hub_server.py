@@ -12,8 +12,9 @@ from a serving host is 50-200 ms), and with ``cdn=True`` a GET of a large file (
 ``*.safetensors``, or any file over 10 MiB: what the Hub keeps in LFS/Xet) is a
 302 to a second loopback server, the "CDN", where the ranged GET must be made
 again; a HEAD of such a file answers 302 with ``X-Linked-Size`` and
-``X-Linked-Etag``. The CDN serves the bytes to anyone holding the link (it records
-whether an ``Authorization`` header reached it: it must not).
+``X-Linked-Etag`` (``head_redirects = False``: 200, as a mirror may). The CDN
+serves the bytes to anyone holding the link (it records whether an
+``Authorization`` header reached it: it must not).
 
 It counts what both send: ``bytes_sent`` (bodies), ``payload_bytes`` (bytes past a
 shard's header, i.e. tensor data), ``requests`` (method, path, Range; the CDN's
@@ -92,6 +93,7 @@ class StandInHub(ThreadingHTTPServer):
         self.endless_pages = False
         self.gzip_bomb = False
         self.extra_files: dict[str, int] = {}  # name -> size, listed beside the repository's own files
+        self.head_redirects = True  # False: a HEAD of a large file answers 200 itself (a mirror may)
         self.stopping = threading.Event()
         self.bytes_sent = 0
         self.payload_bytes = 0
@@ -292,7 +294,7 @@ class _Handler(BaseHTTPRequestHandler):
         size = path.stat().st_size
         etag = hashlib.sha1(filename.encode()).hexdigest()
         base = {"ETag": f'"{etag}"', "X-Repo-Commit": commit_of(repo)}
-        if hub.cdn is not None and _large(path):
+        if hub.cdn is not None and _large(path) and (self.command == "GET" or hub.head_redirects):
             location = f"{hub.cdn.endpoint}/cdn/{quote(repo)}/{commit_of(repo)}/{quote(filename)}?signed=1"
             linked = {"X-Linked-Size": str(size), "X-Linked-Etag": f'"{etag}"', "Location": location}
             return self._send(302, {**base, **linked})

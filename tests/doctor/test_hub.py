@@ -131,6 +131,23 @@ def test_behind_a_cdn_every_header_is_asked_for_at_once_with_one_range_each(hub_
     assert hub.bytes_sent - hub.tree_bytes == ctx.source.bytes_read
 
 
+def test_a_redirect_to_the_cdn_is_followed_with_its_range(hub_env, tmp_path):
+    """Where a HEAD gives no link (a mirror answering it itself), the ranged GET goes to the Hub, whose 302 is
+    followed to the CDN with the same Range."""
+    pack = build_v41_pack(tmp_path / "pack", SMALL41)
+    shards = sorted(p.name for p in pack.glob("*.safetensors"))
+    with serving({REPO: pack}, cdn=True) as hub:
+        hub.head_redirects = False
+        hub_env.setenv("HF_ENDPOINT", hub.endpoint)
+        _, rows = judge(f"hf://{REPO}")
+    assert rows["pack.shards"].status == "pass"
+    gets = [(path.rsplit("/", 1)[1], path, rng) for method, path, rng in hub.requests if method == "GET"]
+    asked, at_cdn = {}, {}
+    for name, path, rng in gets:  # each shard's first range, asked of the Hub and then of the CDN
+        (asked if "/resolve/" in path else at_cdn if path.startswith("/cdn/") else {}).setdefault(name, rng)
+    assert all(asked[name] is not None and at_cdn[name] == asked[name] for name in shards)
+
+
 def test_doctor_from_the_hub_as_a_user_runs_it(hub_env, make_tree, tmp_path):
     tree = make_tree("0.34.0")
     pack = build_v41_pack(tmp_path / "pack", SMALL41)

@@ -18,7 +18,7 @@ What is read, through huggingface_hub's HTTP session (the optional extra
 3. every shard's header with ranged GETs, up to 64 at a time: one range per
    shard of the 8-byte length and the header's likely size, estimated from the
    index (the tensor names each shard holds, ``ENTRY_BYTES`` a tensor besides
-   its name and the digits of its offsets, 2% over), and a second request, to
+   its name and the digits of its offsets, 2% and 256 bytes over), and a second request, to
    the same link, only when the header is longer. Without an index the first
    range is ``8 + FIRST_READ``. On the full-size synthetic V4.1 pack: 48 ranged
    requests, 4 second ones, 1.02 x the headers' bytes (bench/bench_doctor_hub.py).
@@ -683,7 +683,7 @@ class HubSource(PackSource):
                     counts[shard] = counts.get(shard, 0) + 1
             for shard, count in counts.items():
                 per = ENTRY_BYTES + 2 * _digits(self.files.get(shard))
-                self._estimates[shard] = int((lengths[shard] + count * per) * ESTIMATE_MARGIN) + 64
+                self._estimates[shard] = int((lengths[shard] + count * per) * ESTIMATE_MARGIN) + 256
         self._order = [self._shown_name(n) for n in self._shard_names()]
         self._top_up(None)
 
