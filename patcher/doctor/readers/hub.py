@@ -244,6 +244,7 @@ class HubSource(PackSource):
         self._order: list[str] = []  # the shards still to be read ahead, in the scan's order
         self._estimates: dict[str, int] = {}
         self._held = 0  # bytes read ahead and not yet parsed
+        self._holding: dict[str, int] = {}  # of which, each shard's
         self._lock = threading.RLock()
         self._headers_lock = threading.Lock()
         self._base_headers: dict[str, str] | None = None
@@ -690,7 +691,7 @@ class HubSource(PackSource):
     def _top_up(self, taken: str | None) -> None:
         """Read ahead the next shards while what is read ahead stays within PREFETCH_BUDGET (the shard the scan
         waits for always goes)."""
-        while self._order:
+        while self._order and not self.stopped:
             name = self._order[0]
             raw = self._shown[name]
             want = min(8 + self._estimates.get(raw, self.guess), FIRST_CAP)
@@ -701,6 +702,7 @@ class HubSource(PackSource):
                 if self._ahead and self._held + want > PREFETCH_BUDGET and name != taken:
                     return
                 self._held += want
+                self._holding[name] = want
             self._order.pop(0)
             self._ahead[name] = self._submit(self._read_ahead, PurePosixPath(name), want)
 
@@ -710,7 +712,7 @@ class HubSource(PackSource):
         raw = self._shown[path.name]
         size = self.files.get(raw)
         if size is not None and size < 8:
-            return bytearray(), size, want
+            return bytearray(), size
         located = self._located.get(raw)
         try:
             link = located.result(timeout=max(self.deadline - time.monotonic(), 0)) if located else None
@@ -730,14 +732,14 @@ class HubSource(PackSource):
                     fits = self._held + more <= PREFETCH_BUDGET
                     if fits:
                         self._held += more
+                        self._holding[path.name] += more
                 if fits:
-                    want += more
                     try:
                         rest, _, _ = self._range(path, len(prefix), end, url)
                     except ShardError:  # the link may not take a second request: again through the Hub
                         rest, _, _ = self._range(path, len(prefix), end)
                     prefix += rest
-        return prefix, total, want
+        return prefix, total
 
     def header_prefix(self, path: PurePosixPath, listed: int | None) -> tuple[bytearray, int]:
         """The first bytes of the shard (its header where it was read ahead) and its size as the server gives it."""
@@ -752,16 +754,14 @@ class HubSource(PackSource):
                 want = min(want, listed)
             return self.range(path, 0, max(want, 8))
         try:
-            prefix, total, held = self._wait(future, path.name)
-        except ShardError:
-            self._release(path.name, None)
-            raise
-        self._release(path.name, held)
-        return prefix, total
+            return self._wait(future, path.name)
+        finally:
+            self._release(path.name)
 
-    def _release(self, name: str, held: int | None) -> None:
+    def _release(self, name: str) -> None:
+        """What was read ahead for the shard ``name``, parsed now (or failed): its bytes no longer held."""
         with self._lock:
-            self._held = max(self._held - (held or 0), 0)
+            self._held -= self._holding.pop(name, 0)
         self._top_up(None)
         if self.progress is not None:
             self.progress.shard_done()
