@@ -149,9 +149,9 @@ def hub_deadline(flag: float | None, environ=os.environ) -> float:
     if not 0 < value <= 86_400:  # NaN fails too
         shown_value = clip(repr(environ.get(DEADLINE_ENV))) if source == DEADLINE_ENV else f"{flag:g}"
         raise EnvironmentProblem(
-            f"{source} {shown_value} is not a number of seconds",
+            f"{source} {shown_value} is not a number of seconds above 0 and at most a day",
             "it bounds all of doctor's reads from the Hub",
-            f"give seconds between 0 and 86400, e.g. {source}{'=' if source == DEADLINE_ENV else ' '}120",
+            f"e.g. {source}{'=' if source == DEADLINE_ENV else ' '}120",
         )
     return value
 
