@@ -20,6 +20,25 @@ request, 429 with Retry-After 100000, endless Link rel="next" pages, a gzip bomb
 261 KB), a file name with terminal escapes. Each ends within doctor's Hub deadline (50 s; the command's
 ``--hub-timeout``) with one line or a fail row; ``--only Hub:`` runs those alone.
 
+Issue 39 item 5, ``--hub --only Hub: --version 0.34.0`` (default deadline 50 s; "before": ``--code`` a checkout
+of 484095a, ``--timeout 90``), peak RSS and wall time, and what doctor said:
+
+    a listing that never answers    before: killed past 90 s    after:  41 MB  31.0 s  exit 2, "listing its
+                                                                        files: the server sent nothing for 30 s"
+    a byte a second, every request  before: killed past 90 s    after:  41 MB  50.5 s  exit 2, "no answer within
+                                                                        the 50 s doctor gives the Hub, reading
+                                                                        config.json"
+    429, Retry-After: 100000        before: killed past 90 s    after:  41 MB   1.5 s  exit 2, "listing its files:
+                                    (it sleeps 100001 s)                the server refused it as too many
+                                                                        requests (HTTP 429, Retry-After '100000')"
+    endless Link rel="next" pages   before: killed past 90 s    after:  41 MB   5.9 s  exit 2, "the listing runs
+                                                                        past 100 pages"
+    a gzip bomb as the listing      before: 553 MB, 4.8 s, "holds no after:  73 MB   3.0 s  exit 2, "listing its
+    (256 MB from 261 KB)            *.safetensors file"                 files: more than the 16,777,216 bytes
+                                                                        doctor reads (once decoded)"
+    a file name with terminal       before: 8 raw ESC bytes in the      after:  49 MB   3.2 s  exit 1, pack.shards
+    escapes                         table                               fail naming \\x1b]0;owned\\x07...
+
 ``--code CHECKOUT`` runs the doctor of another checkout (e.g. a ``git worktree``
 of an older commit) on the same files, for before/after figures; a case that
 runs past ``--timeout`` is reported as such.

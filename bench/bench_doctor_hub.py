@@ -28,19 +28,20 @@ wall, 0.72-0.79 s CPU, 105 MB (main before this round, same host and hour: 1.12 
 the project's modules have no .pyc (PYTHONDONTWRITEBYTECODE set, an editable install) compiling them adds ~0.25 s
 to each run: ``python -m compileall patcher`` first.
 
-Issue 39 item 4 (the same host at a load of 5 on its 2 cores, 5 runs a delay, the stand-in with its CDN;
-``--code`` a checkout of 484095a for "before"):
+Issue 39 item 4 (the same host at a load of 5-6 on its 2 cores, 5 runs a delay, the stand-in with its CDN;
+``--code`` a checkout of 484095a for "before"; requests counted by the stand-in, redirects included):
 
     delay   before: wall   CPU  requests  bytes read   after: wall   CPU  requests  bytes read
-     0 ms        2.57 s  1.07 s     131   34,428,785        2.86 s  1.03 s    104   34,129,454
-    50 ms        9.81 s  1.22 s     131   34,428,785        3.02 s  1.02 s    104   34,129,454
-   150 ms       22.82 s  1.21 s     131   34,428,785        3.21 s  1.07 s    104   34,129,454
+     0 ms        2.57 s  1.06 s     131   34,428,785        2.94 s  1.06 s    104   34,137,902
+    50 ms        9.68 s  1.20 s     131   34,428,785        3.22 s  1.07 s    104   34,137,902
+   150 ms       22.79 s  1.20 s     131   34,428,785        3.48 s  1.09 s    104   34,137,902
 
-On that host a run's wall time is its CPU time stretched by the load (on disk: 2.0 s wall for 0.74 s of CPU);
-what latency adds is the measure of the change: +0.36 s from 0 to 150 ms a request (4 round trips one after the
-other, and the 150 ms of the first), where it added 20.3 s before (one round trip a request). On a quiet host
-(on disk 0.8 s) that would be about 1.1 s at 0 ms and 1.5-1.7 s at 150 ms (an estimate from these figures, not
-a run there).
+On that host a run's wall time is its CPU time stretched by the load (on disk: 1.8 s wall for 0.75 s of CPU;
+at 0 ms the stand-in, answering 96 requests at once beside the parse, takes its share too); what latency adds
+is the measure of the change: +0.5 s from 0 to 150 ms a request (4 round trips one after the other, and the 150
+ms of the first), where it added 20.2 s before (one round trip a request). On a quiet host (on disk 0.8 s) that
+would be about 1.1 s at 0 ms and 1.6 s at 150 ms (an estimate from these figures, not a run there). Peak RSS
+145 MB (117 before): the headers read ahead, at most 64 MB of them, wait for the parse.
 """
 
 from __future__ import annotations
