@@ -41,8 +41,8 @@ EXLLAMAV3_FLOOR = (1, 4, 5)
 
 PLUGIN_SOURCE = "git+https://github.com/vcruz305/vllm-exl3@v0.3.0"
 PLUGIN_NOTE = " (vllm-exl3 is not on PyPI; the v0.3.1 tag's exl3.py does not import)"
-INDEX_OPTIONS = ("--retries", "1", "--timeout", "10")  # doctor asks pip's index briefly, once a run
-INDEX_TIMEOUT = 30.0
+INDEX_OPTIONS = ("--retries", "0", "--timeout", "5")  # doctor asks pip's index briefly, once a run
+INDEX_TIMEOUT = 15.0  # seconds for that question at most (offline: the fix names a range instead)
 
 
 def target_option(runtime: Runtime) -> str:
