@@ -7,10 +7,12 @@ on an applied tree without Typer).
 from __future__ import annotations
 
 import enum
+import functools
 import sys
 from pathlib import Path
 
 import typer
+import typer.core
 
 from patch_dsv4 import __version__
 from patch_dsv4.output.errors import EXIT_INTERRUPTED, PatcherError
@@ -344,7 +346,42 @@ def revert(
     _finish(report, _format(fmt, as_json), _verbosity(verbose, quiet))
 
 
-@app.command()
+def _write_dl(formatter, rows, col_max: int = 30, col_spacing: int = 2) -> None:
+    """Click's option list, each description wrapped at spaces only: a flag or path in an option's help
+    (``"--tensor-parallel-size 8"``) is never split at a hyphen, so it can be copied from the help."""
+    import textwrap
+
+    rows = list(rows)
+    first_col = min(max((len(term) for term, _ in rows), default=0), col_max) + col_spacing
+    indent = " " * formatter.current_indent
+    for term, text in rows:
+        formatter.write(f"{indent}{term}")
+        if not text:
+            formatter.write("\n")
+            continue
+        if len(term) <= first_col - col_spacing:
+            formatter.write(" " * (first_col - len(term)))
+        else:
+            formatter.write("\n" + " " * (first_col + formatter.current_indent))
+        width = max(formatter.width - first_col - formatter.current_indent, 10)
+        lines = textwrap.wrap(text, width, break_long_words=False, break_on_hyphens=False) or [""]
+        formatter.write(lines[0] + "\n")
+        for line in lines[1:]:
+            formatter.write(" " * (first_col + formatter.current_indent) + line + "\n")
+
+
+class _FlagSafeContext(typer.Context):
+    def make_formatter(self):
+        formatter = super().make_formatter()
+        formatter.write_dl = functools.partial(_write_dl, formatter)
+        return formatter
+
+
+class _FlagSafeCommand(typer.core.TyperCommand):
+    context_class = _FlagSafeContext
+
+
+@app.command(cls=_FlagSafeCommand)
 def doctor(
     site_packages: Path | None = SitePackages,
     python: str | None = Python,
@@ -364,6 +401,12 @@ def doctor(
     fix_config: bool = typer.Option(
         False, "--fix-config", help="Write the config.json edits the failing rows ask for (the original is kept)."
     ),
+    hub_timeout: float | None = typer.Option(
+        None,
+        "--hub-timeout",
+        metavar="S",
+        help="Seconds for all of the reads of a pack on the Hub (default 50, or PATCH_DSV4_HUB_TIMEOUT).",
+    ),
     fmt: Format = FormatOption,
     as_json: bool = JsonFlag,
     verbose: bool = Verbose,
@@ -376,7 +419,14 @@ def doctor(
     from patch_dsv4.doctor.run import doctor_command
 
     code = doctor_command(
-        site_packages, python, pack, serve_args, fix_config, _format(fmt, as_json), _verbosity(verbose, quiet)
+        site_packages,
+        python,
+        pack,
+        serve_args,
+        fix_config,
+        _format(fmt, as_json),
+        _verbosity(verbose, quiet),
+        hub_timeout,
     )
     raise typer.Exit(code)
 

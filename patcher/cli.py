@@ -53,7 +53,7 @@ def _fail(command: str | None, what: str, why: str, next_step: str, code: int, a
 # that run on every container start answer without it when their command line is this plain.
 _VALUES = {
     "verify": ("--site-packages", "--format", "--expect"),
-    "doctor": ("--site-packages", "--python", "--pack", "--serve-args", "--format"),
+    "doctor": ("--site-packages", "--python", "--pack", "--serve-args", "--format", "--hub-timeout"),
 }
 _FLAGS = {
     "--json": ("format", "json"),
@@ -121,6 +121,10 @@ def _fast_doctor(args: list[str]) -> int | None:
     options = _plain_options(args, "doctor")
     if options is None:
         return None
+    try:
+        hub_timeout = float(options["hub_timeout"]) if "hub_timeout" in options else None
+    except ValueError:
+        return None  # Typer says it properly
     from patch_dsv4.doctor.run import doctor_command
 
     return doctor_command(
@@ -131,6 +135,7 @@ def _fast_doctor(args: list[str]) -> int | None:
         options.get("fix_config", False),
         options["format"],
         options["verbosity"],
+        hub_timeout,
     )
 
 

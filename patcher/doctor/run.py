@@ -165,11 +165,19 @@ def runtime_for(env: Environment) -> Runtime:
     )
 
 
-def doctor(env: Environment, pack: str | Path | None, serve_args: str | None, fix_config: bool = False) -> DoctorReport:
+def doctor(
+    env: Environment,
+    pack: str | Path | None,
+    serve_args: str | None,
+    fix_config: bool = False,
+    hub_timeout: float | None = None,
+    progress: bool = False,
+) -> DoctorReport:
     """Every check on ``env``, ``pack``, ``os.environ`` and the intended ``vllm serve`` arguments.
 
     ``pack`` is a directory, or ``hf://OWNER/NAME[@REVISION]`` for a pack on the Hub
-    (read there, never downloaded: source.py, hub.py).
+    (read there, never downloaded: source.py, hub.py), within ``hub_timeout`` seconds
+    (None: hub.hub_deadline's default), shown on a terminal where ``progress``.
     With ``fix_config``, the config edits the pack rows ask for are written first
     (a backup of the original kept in the pack), and the checks see the result;
     for a pack on the Hub they are printed, not written.
@@ -178,7 +186,9 @@ def doctor(env: Environment, pack: str | Path | None, serve_args: str | None, fi
 
     source = None
     if isinstance(pack, str) and is_hub_pack(pack):
-        source = open_source(pack)  # the revision resolved, the files listed; EnvironmentProblem when it cannot be
+        # its first requests made; they are answered while this environment is read (EnvironmentProblem when
+        # the Hub cannot be read: at _read_hub_pack)
+        source = open_source(pack, hub_timeout, progress, wait=False)
     elif pack is not None:
         pack = Path(pack)
         try:
@@ -204,6 +214,7 @@ def doctor(env: Environment, pack: str | Path | None, serve_args: str | None, fi
         pack=source if source is not None else pack, runtime=runtime_for(env), environ=dict(os.environ), serve_args=args
     )
     if source is not None:
+        _register_checks()  # the check modules imported while the Hub answers too
         _read_hub_pack(ctx)
     if fix_config:
         from patch_dsv4.doctor.fix_config import fix_config as write_fixes
@@ -222,20 +233,34 @@ def _read_hub_pack(ctx: DoctorContext) -> None:
     from patch_dsv4.doctor.readers.base import PackUnreadable
     from patch_dsv4.doctor.readers.pack import pack_index, pack_scan
 
+    source = ctx.source
     try:
-        ctx.config()
-    except PackUnreadable:
-        pass  # pack.config reports it
-    pack_index(ctx)
-    pack_scan(ctx)
+        try:
+            ctx.config()
+        except PackUnreadable:
+            pass  # pack.config reports it
+        source.prefetch_headers(pack_index(ctx).weight_map)  # every header asked for at once, sized from the index
+        pack_scan(ctx)
+    finally:
+        source.finish()
 
 
-def doctor_command(site_packages, python, pack, serve_args, fix_config: bool, fmt: str, verbosity: int) -> int:
+def doctor_command(
+    site_packages,
+    python,
+    pack,
+    serve_args,
+    fix_config: bool,
+    fmt: str,
+    verbosity: int,
+    hub_timeout: float | None = None,
+) -> int:
     """``patch-dsv4 doctor`` from its options (strings or paths), rendered; its exit status."""
     from patch_dsv4.output.render import render_doctor
     from patch_dsv4.tree.environment import locate_vllm
 
     env = locate_vllm(None if site_packages is None else Path(site_packages), python)
-    report = doctor(env, None if pack is None else str(pack), serve_args, fix_config)
+    # what doctor reads from the Hub is shown on a terminal (stderr), never on a pipe or with -q
+    report = doctor(env, None if pack is None else str(pack), serve_args, fix_config, hub_timeout, verbosity >= 0)
     render_doctor(report, fmt, verbosity)
     return report.exit_code

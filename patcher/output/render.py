@@ -779,8 +779,17 @@ def write_failure(report) -> None:
 
 def doctor_lines(report, style: Style) -> list[str]:
     """doctor for people: a row per check (status, id, what was read), the fix under every warn and fail."""
-    if style.verbosity < 0:
-        return [f"{r.status.upper():<5} {r.id}: {r.fix}" for r in report.rows if r.status == "fail"] + [report.summary]
+    if style.verbosity < 0:  # the fails and their fixes, each wrapped at spaces under its first line
+        import textwrap
+
+        lines = []
+        for row in report.rows:
+            if row.status == "fail":
+                text = f"{row.status.upper():<5} {row.id}: {row.fix}"
+                lines += textwrap.wrap(
+                    text, style.width, subsequent_indent=" " * 6, break_long_words=False, break_on_hyphens=False
+                )
+        return [*lines, *_wrap(report.summary, style.width, "")]
     head = f"vLLM {report.vllm_version} at {report.target}" + (
         f"; pack {report.pack}" if report.pack else "; no --pack"
     )

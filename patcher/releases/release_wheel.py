@@ -262,19 +262,15 @@ def _bytes_under(directory: str) -> int:
 def flashinfer_pin_served(version: str, pip_options: Sequence[str] = ()) -> tuple[bool | None, str]:
     """Whether pip's configured index serves ``flashinfer-python==version`` (None: pip could not say), and a note.
 
-    Asks ``pip index versions`` (the release list only, nothing downloaded); only drift --vllm-version, which
-    fetches with pip anyway, calls it.
+    Asks ``pip index versions`` (tree.pip_index: the release list only, nothing downloaded); only drift
+    --vllm-version, which fetches with pip anyway, calls it.
     """
+    from patch_dsv4.tree.pip_index import index_versions
+
     extra = [arg for option in pip_options for arg in shlex.split(option)]
-    command = [sys.executable, "-m", "pip", "index", "versions", "flashinfer-python", "--disable-pip-version-check"]
-    try:
-        proc = subprocess.run([*command, *extra], capture_output=True, text=True, timeout=120)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return None, f"FlashInfer {version}: pip's index could not be asked ({exc})"
-    listed = next((line for line in proc.stdout.splitlines() if line.startswith("Available versions:")), None)
-    if proc.returncode != 0 or listed is None:
+    served = index_versions("flashinfer-python", extra)
+    if served is None:
         return None, f"FlashInfer {version}: pip's index could not be asked (pip index versions flashinfer-python)"
-    served = [v.strip() for v in listed.split(":", 1)[1].split(",")]
     try:
         wanted = Version(version)
         found = any(Version(v) == wanted for v in served if v)

@@ -21,6 +21,7 @@ from patch_dsv4.doctor.readers.base import FAIL, INFO, PASS, SKIP, WARN, CheckSp
 from patch_dsv4.doctor.readers.family import V4, V41, family_of, flatten_v41
 from patch_dsv4.doctor.run import CHECKS, _register_checks
 from tests.conftest import run_cli
+from tests.doctor import pip_index
 from tests.doctor.fake_runtime import (
     install_exllamav3,
     install_flashinfer,
@@ -353,7 +354,8 @@ def _dist(site: Path, name: str, version: str, requires: str = "") -> None:
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n{requires}")
 
 
-def test_flashinfer_against_vllms_pin_and_a_jit_cache_of_another_version(small, tmp_path):
+def test_flashinfer_against_vllms_pin_and_a_jit_cache_of_another_version(small, tmp_path, monkeypatch):
+    pip_index.serve(monkeypatch, tmp_path, ["0.7.2.post1", "0.7.3", "0.7.4"])
     pack = small()
     site = tmp_path / "site"
     runtime = fake_vllm(site, version="0.34.0")
@@ -363,6 +365,12 @@ def test_flashinfer_against_vllms_pin_and_a_jit_cache_of_another_version(small, 
     _dist(site, "flashinfer-jit-cache", "0.7.2.post1")
     row = all_rows(pack, runtime=runtime)["v41.flashinfer"]
     assert row.status == WARN and "flashinfer-jit-cache 0.7.2.post1 beside flashinfer-python 0.7.3" in row.detail
+    # --site-packages DIR: pip will not uninstall from a directory of its own; the files its RECORD lists go
+    cache = site / "flashinfer_jit_cache-0.7.2.post1.dist-info"
+    assert row.fix == f"rm -r {cache} (or install them at 0.7.3)"
+    as_python = replace(runtime, target_args=" --python /opt/venv/bin/python")
+    row = all_rows(pack, runtime=as_python)["v41.flashinfer"]
+    assert row.fix == "/opt/venv/bin/python -m pip uninstall -y flashinfer-jit-cache (or install them at 0.7.3)"
     for old in site.glob("flashinfer_*"):
         for f in old.iterdir():
             f.unlink()
@@ -370,6 +378,29 @@ def test_flashinfer_against_vllms_pin_and_a_jit_cache_of_another_version(small, 
     _dist(site, "flashinfer-python", "0.7.4")
     row = all_rows(pack, runtime=runtime)["v41.flashinfer"]
     assert row.status == WARN and "pins flashinfer-python==0.7.3; 0.7.4 is installed" in row.detail
+    assert row.fix == f"pip install --no-deps --upgrade --target {site} flashinfer-python==0.7.3"
+
+
+def test_flashinfer_nearest_the_pin_pips_index_serves_is_no_skew(small, tmp_path, monkeypatch):
+    """vLLM 0.34.0 pins 0.7.3, which pip's index does not serve (0.7.2.post1 and 0.7.4): 0.7.4 installed is what
+    a user can have, said as such; absent, the fix names 0.7.4 and says why, never the unserved 0.7.3."""
+    pip_index.serve(monkeypatch, tmp_path, ["0.7.2.post1", "0.7.4"])
+    pack = small()
+    site = tmp_path / "site"
+    runtime = fake_vllm(site, version="0.34.0")
+    _dist(site, "vllm", "0.34.0", "Requires-Dist: flashinfer-python==0.7.3\n")
+    _dist(site, "flashinfer-python", "0.7.4")
+    row = all_rows(pack, runtime=runtime)["v41.flashinfer"]
+    assert row.status == PASS
+    assert "(vLLM pins 0.7.3, which pip's index does not serve; 0.7.4 is the nearest above it)" in row.detail
+    for f in (site / "flashinfer_python-0.7.4.dist-info").iterdir():
+        f.unlink()
+    (site / "flashinfer_python-0.7.4.dist-info").rmdir()
+    row = all_rows(pack, runtime=runtime)["v41.flashinfer"]
+    assert row.fix == (
+        f"pip install --no-deps --upgrade --target {site} flashinfer-python==0.7.4 "
+        "(0.7.3 is not on pip's index; 0.7.4 is the nearest above it that it serves)"
+    )
 
 
 # ------------------------------------------------------------------ Engram capacity

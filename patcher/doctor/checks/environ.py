@@ -426,7 +426,7 @@ def allocator_for_long_context(ctx: DoctorContext) -> Row:
     """
     length, source = max_model_len(ctx)
     if length is None:
-        return Row("env.alloc-conf", SKIP, "no readable --max-model-len (nor a pack to take it from)")
+        return Row("env.alloc-conf", SKIP, _no_length(ctx))
     conf = ",".join(ctx.environ.get(v, "") for v in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"))
     expandable = "expandable_segments:True" in conf.replace(" ", "")
     if length > LONG_CONTEXT and not expandable:
@@ -439,6 +439,20 @@ def allocator_for_long_context(ctx: DoctorContext) -> Row:
         )
     said = "expandable segments on" if expandable else "expandable segments off"
     return Row("env.alloc-conf", PASS, f"{source} is {length:,} tokens, {said}.")
+
+
+def _no_length(ctx: DoctorContext) -> str:
+    """Why the context length is not known, as it is: a flag that is no number, no flag and no pack, or no flag
+    and a pack whose config.json gives no max_position_embeddings."""
+    flag = ctx.serve_flag("--max-model-len")
+    if flag is not None and flag.strip().lower() not in ("auto", "-1"):
+        return f"--max-model-len {clip(repr(flag))} is not a number of tokens"
+    said = "--max-model-len is auto" if flag is not None else "no --max-model-len in --serve-args"
+    if ctx.pack is None:
+        return f"{said} and no --pack whose max_position_embeddings would give the context length"
+    value = ctx.config().get("max_position_embeddings")
+    found = "has no max_position_embeddings" if value is None else f"gives max_position_embeddings {clip(repr(value))}"
+    return f"{said}, and the pack's config.json {found}: the context length is not known here"
 
 
 def moe_kernel_choices(ctx: DoctorContext) -> frozenset | None:

@@ -185,6 +185,30 @@ def engram_prime_rows(numbers: V41Numbers) -> list[int] | None:
     return rows
 
 
+def engram_tables_fix(layers: list[int]) -> str:
+    """The one fix for a V4.1 pack without its Engram tables: v41.engram-tables gives it, and pack.shards for
+    the numbered shards such a pack lacks (Mia's card: "you still need shards 47 and 48")."""
+    return (
+        "Hardlink (or copy) the base checkpoint's shards holding "
+        + ", ".join(f"layers.{layer}.engram.embed.*" for layer in layers)
+        + " (model-00047/00048-of-00048 in deepseek-ai's V4.1-Flash) from the revision the pack was made from "
+        "into the pack, and add their entries to model.safetensors.index.json."
+    )
+
+
+def absent_engram_layers(ctx: DoctorContext) -> list[int]:
+    """The Engram layers of a V4.1 pack whose tables no shard holds and no disk-backed kit reads ([] otherwise)."""
+    if ctx.pack_family() != V41:
+        return []
+    numbers = v41_numbers(ctx)
+    if numbers is None or not numbers.engram_layers:
+        return []
+    found = pack_scan(ctx).v41.tables
+    expected = table_expectations(numbers)
+    absent = [layer for layer, parts in expected.items() if any(part not in found.get(layer, {}) for part in parts)]
+    return [] if not absent or disk_engram_kit(ctx) else absent
+
+
 @check("v41.engram-tables", needs=("pack",), family=V41)
 def check_engram_tables(ctx: DoctorContext) -> Row:
     """FAIL [silent] when a layer of ``engram_layer_ids`` has no ``layers.L.engram.embed.{weight,scale}`` in
@@ -225,10 +249,7 @@ def check_engram_tables(ctx: DoctorContext) -> Row:
             f"[silent] the pack has no Engram table for {plural(len(layers), 'layer')} ({names}, "
             f"{total / 2**30:.1f} GiB in the source checkpoint): vLLM would allocate the tables and serve with "
             "them uninitialised, and nothing would report it.",
-            "Hardlink (or copy) the base checkpoint's shards holding "
-            + ", ".join(f"layers.{layer}.engram.embed.*" for layer in layers)
-            + " (model-00047/00048-of-00048 in deepseek-ai's V4.1-Flash) from the revision the pack was made from "
-            "into the pack, and add their entries to model.safetensors.index.json.",
+            engram_tables_fix(layers),
         )
     wrong = []
     for layer, parts in expected.items():
