@@ -44,6 +44,7 @@ from __future__ import annotations
 import difflib
 import os
 import time
+import zlib
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -353,7 +354,7 @@ class Results:
     per_transform: Counter = field(default_factory=Counter)
     invalid: list[str] = field(default_factory=list)  # variants that failed the checks (a generator bug)
     errors: list[str] = field(default_factory=list)  # transforms that crashed (a generator bug)
-    seen: set[str] = field(default_factory=set)
+    seen: set[tuple[str, str]] = field(default_factory=set)
     seconds: float = 0.0
 
     def add(self, plan: Plan, origin: Site, chain: Sequence[tuple[Transform, int]]) -> None:
@@ -366,9 +367,9 @@ class Results:
             spec = " ".join([str(origin), *(f"{t.name}@{p}" for t, p in chain)])
             self.errors.append(f"{plan.release.version} {spec}: {type(exc).__name__}: {exc}")
             return
-        if variant is None or variant.spec in self.seen:
+        if variant is None or (variant.release, variant.spec) in self.seen:
             return
-        self.seen.add(variant.spec)
+        self.seen.add((variant.release, variant.spec))
         rows = judge_variant(plan, variant)
         if not rows:
             return
@@ -417,18 +418,18 @@ def variant_strategy(plan: Plan):
     return draw_variant()
 
 
-def run(plan: Plan, examples: int, seed: int | None = None, results: Results | None = None) -> Results:
-    """``examples`` variants of ``plan``'s release drawn by Hypothesis (``seed`` None: derandomized, the same
-    sample every run), judged into ``results``."""
+def run(plan: Plan, examples: int, seed: int = 0, results: Results | None = None) -> Results:
+    """``examples`` variants of ``plan``'s release drawn by Hypothesis, judged into ``results``. The draw is
+    seeded with ``seed`` and the release's version: the same sample on every run, another for each release."""
     from hypothesis import HealthCheck, Phase, given, settings
     from hypothesis import seed as with_seed
 
     results = results if results is not None else Results()
     started = time.perf_counter()
 
+    @with_seed(seed * 1_000_003 + zlib.crc32(plan.release.version.encode()))
     @settings(
         max_examples=examples,
-        derandomize=seed is None,
         database=None,
         deadline=None,
         phases=[Phase.generate],
@@ -438,8 +439,6 @@ def run(plan: Plan, examples: int, seed: int | None = None, results: Results | N
     def one(drawn):
         results.add(plan, *drawn)
 
-    if seed is not None:
-        one = with_seed(seed)(one)
     one()
     results.seconds += time.perf_counter() - started
     return results

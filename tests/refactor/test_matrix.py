@@ -1,0 +1,78 @@
+"""The CI sample of the refactoring generator: a fixed draw over every recorded release, judged, its matrix printed.
+
+``SAMPLE_PER_RELEASE`` variants are drawn per release by Hypothesis with a fixed seed (mixed with the release's
+version: the same sample on every run and machine with the same Hypothesis and Python); raise it here to look
+wider, or run bench/refactorings.py for the full generation. The false verdicts are defined in
+tests/refactor/generator.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.refactor.generator import (
+    FALSE_PENDING,
+    FALSE_UPSTREAM,
+    ReleaseCode,
+    Results,
+    false_lines,
+    matrix_lines,
+    plan_release,
+    pristine,
+    run,
+    summary_lines,
+)
+from tests.releases import RELEASES
+
+#: Variants drawn per release (7 releases; about 0.3 s each on one slow core).
+SAMPLE_PER_RELEASE = 40
+
+
+@pytest.fixture(scope="module")
+def sample() -> Results:
+    results = Results()
+    for version in RELEASES:
+        run(plan_release(ReleaseCode(pristine(version))), SAMPLE_PER_RELEASE, results=results)
+    return results
+
+
+def report(results: Results) -> str:
+    return "\n".join(
+        [
+            "",
+            *summary_lines(results),
+            "",
+            *matrix_lines(results.rows, lambda r: r.patch, "patch"),
+            "",
+            *matrix_lines(results.rows, lambda r: f"{r.release} {r.patch}"[:16], "release, patch"),
+            "",
+            *false_lines(results, limit=20),
+        ]
+    )
+
+
+def test_every_variant_is_valid_python_and_keeps_its_names(sample):
+    """Every drawn variant compiles and its changed functions read only names their modules bind: a failure is a
+    bug of the generator (its message names the variant)."""
+    assert not sample.errors, "\n".join(sample.errors)
+    assert not sample.invalid, "\n".join(sample.invalid)
+
+
+def test_the_sample_reaches_every_release_and_both_kinds(sample):
+    releases = {row.release for row in sample.rows}
+    assert releases == set(RELEASES)
+    assert {row.kind for row in sample.rows} == {"keep", "inject"}
+    assert {row.expected for row in sample.rows} == {"fix", "defect"}
+
+
+@pytest.mark.xfail(
+    strict=False,
+    reason="the probes in patches/ miss these shapes until the evaluator of issue 37 lands (branch eval)",
+)
+def test_the_verdicts_meet_the_targets(sample, capsys):
+    """0 false upstream, 0 false pending, at most 2% false drifted on behaviour-keeping rewrites of fixed code."""
+    with capsys.disabled():
+        print(report(sample))
+    assert sample.count(FALSE_UPSTREAM) == 0
+    assert sample.count(FALSE_PENDING) == 0
+    assert sample.meets_targets()
