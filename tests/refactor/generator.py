@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import textwrap
 import time
 import zlib
 from collections import Counter
@@ -463,22 +464,24 @@ def _found_column(found: str) -> str:
 
 
 def matrix_lines(rows: Sequence[Row], by: Callable[[Row], str], title: str) -> list[str]:
-    """The confusion matrix of ``rows`` grouped by ``by`` (patch, or release), as lines of at most 80 columns:
-    per group, kind and expectation, how many judgements found each verdict, and the false ones."""
-    head = f"{title:<17}{'kind':<7}{'expect':<7}{'n':>5}{'up':>6}{'pend':>6}{'drift':>6}{'other':>6}  false"
+    """The confusion matrix of ``rows`` grouped by ``by`` (a patch, a release), in lines of at most 80 columns: per
+    group, kind (keep: behaviour-keeping; inject: a defect injected) and what is expected (fix: the fix is
+    present; defect: it is not), how many judgements found each verdict, and how many of them are false."""
+    width = max([len(title), *(len(by(r)) for r in rows)]) + 2
+    head = f"{title:<{width}}{'kind':<7}{'expect':<7}{'n':>6}{'up':>6}{'pend':>6}{'drift':>6}{'other':>6}{'false':>7}"
     lines = [head, "-" * len(head)]
     groups: dict[tuple[str, str, str], list[Row]] = {}
     for row in rows:
         groups.setdefault((by(row), row.kind, row.expected), []).append(row)
     for (group, kind, expected), members in sorted(groups.items()):
         found = Counter(_found_column(r.found) for r in members)
-        wrong = Counter(r.verdict for r in members if r.verdict != CORRECT)
-        false = ", ".join(f"{n} {v.removeprefix('false ')}" for v, n in sorted(wrong.items())) or "-"
+        false = sum(1 for r in members if r.verdict != CORRECT)
         lines.append(
-            f"{group[:16]:<17}{kind:<7}{expected:<7}{len(members):>5}"
-            + "".join(f"{found.get(c, 0):>6}" for c in ("upstream", "pending", "drifted", "other"))
-            + f"  {false}"
+            f"{group:<{width}}{kind:<7}{expected:<7}{len(members):>6}"
+            + "".join(f"{found.get(c, 0):>6}" for c in COLUMNS)
+            + f"{false:>7}"
         )
+    lines.append("(expect fix: pend, drift and other are false; expect defect: up and other are)")
     return lines
 
 
@@ -505,15 +508,20 @@ def transform_lines(results: Results) -> list[str]:
 
 def false_lines(results: Results, limit: int | None = None) -> list[str]:
     """Each false verdict: release, patch, edit, expected and found, the chain, where it changed the code, the
-    engine's detail, and the spec that reproduces it."""
+    engine's detail (wrapped at 80 columns), and the command that reproduces it (one line, to copy)."""
     out = []
+
+    def wrapped(label: str, text: str) -> list[str]:
+        return textwrap.wrap(text, 78, initial_indent=f"  {label}: ", subsequent_indent="    ") or [f"  {label}:"]
+
     for row in results.false()[:limit]:
         out += [
-            f"[{row.verdict}] vLLM {row.release} {row.patch}: {row.edit}",
+            f"[{row.verdict}] vLLM {row.release} {row.patch}:",
+            f"  {row.edit}",
             f"  expected {row.expected} ({row.kind}), found {row.found}",
-            f"  chain: {row.chain}",
-            f"  where: {row.where}",
-            f"  detail: {row.detail[:300]}",
-            f"  replay: {row.spec}",
+            *wrapped("chain", row.chain),
+            *wrapped("where", row.where),
+            *wrapped("detail", row.detail[:400]),
+            f"  python bench/refactorings.py --vllm-version {row.release} --replay '{row.spec}'",
         ]
     return out

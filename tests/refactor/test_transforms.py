@@ -390,6 +390,11 @@ class C:
     assert rewritten(GetattrRead(), before, pick=1) == {MODULE: after}
 
 
+def test_getattr_read_leaves_f_strings_alone():
+    before = 'class C:\n    def f(self):\n        return f"{self.prefix}.gate"\n'
+    assert skipped(GetattrRead(), before)
+
+
 def test_setattr_write_spells_one_assignment():
     before = "class C:\n    def f(self, n):\n        self.gate.bias_vl = nn.Parameter(torch.empty(n))\n"
     after = 'class C:\n    def f(self, n):\n        setattr(self.gate, "bias_vl", nn.Parameter(torch.empty(n)))\n'

@@ -1175,7 +1175,7 @@ class GetattrRead(Transform):
                     targets_in_tuples.add(id(sub))
 
         fn.visit(Tuples())
-        in_imports: set[int] = set()
+        in_imports: set[int] = set()  # in import statements and f-strings: left as they are
 
         class Imports(cst.CSTVisitor):
             def visit_Import(self, node):  # noqa: N802
@@ -1183,6 +1183,9 @@ class GetattrRead(Transform):
 
             def visit_ImportFrom(self, node):  # noqa: N802
                 in_imports.update(id(a) for a in _all_attributes(node))
+
+            def visit_FormattedString(self, node):  # noqa: N802
+                in_imports.update(id(a) for a in _all_attributes(node))  # a quote inside an f-string ends it
 
         fn.visit(Imports())
 
