@@ -46,16 +46,16 @@ from tests.refactor.transforms import (
     State,
     Step,
     Transform,
-    _add_import,
-    _blocks,
-    _body_statements,
-    _choose,
-    _docstring_count,
-    _import_line,
-    _names_in,
-    _replace_block,
-    _site_function,
-    _with_prelude,
+    add_import,
+    blocks,
+    body_statements,
+    choose,
+    docstring_count,
+    import_line,
+    names_in,
+    replace_block,
+    site_function,
+    with_prelude,
 )
 
 
@@ -77,12 +77,12 @@ class Injection(Transform):
 
 def _statements(fn: cst.FunctionDef) -> list[tuple[cst.CSTNode, int, cst.BaseStatement]]:
     """Every statement of ``fn`` outside nested functions and classes: (owner of its block, index, statement)."""
-    return [(owner, i, stmt) for _path, owner in _blocks(fn) for i, stmt in enumerate(owner.body.body)]
+    return [(owner, i, stmt) for _path, owner in blocks(fn) for i, stmt in enumerate(owner.body.body)]
 
 
 def _replace_statement(fn, owner, index, new: list[cst.BaseStatement]) -> cst.FunctionDef:
     body = list(owner.body.body)
-    return _replace_block(fn, owner, [*body[:index], *new, *body[index + 1 :]])
+    return replace_block(fn, owner, [*body[:index], *new, *body[index + 1 :]])
 
 
 def _assign(stmt: cst.CSTNode) -> cst.Assign | None:
@@ -154,7 +154,7 @@ class HoldStream(Injection):
         super().__init__("stream-load", construct)
 
     def apply(self, state, site, pick):
-        found = _site_function(state, site)
+        found = site_function(state, site)
         if found is None:
             return None
         text, fn = found
@@ -166,19 +166,19 @@ class HoldStream(Injection):
         for _ in range(3):
             for _owner, _i, stmt in statements:
                 assign = _assign(stmt)
-                if assign and any(n.value in carriers for n in _names_in(assign.value)):
-                    carriers |= {n.value for t in assign.targets for n in _names_in(t.target)}
+                if assign and any(n.value in carriers for n in names_in(assign.value)):
+                    carriers |= {n.value for t in assign.targets for n in names_in(t.target)}
         places: list[tuple[str, object]] = [("start", None)]
         for owner, i, stmt in statements:
             assign = _assign(stmt)
-            if assign and any(n.value in carriers for n in _names_in(assign.value)) and _target_text(assign):
+            if assign and any(n.value in carriers for n in names_in(assign.value)) and _target_text(assign):
                 places.append(("assignment", (owner, i)))
             for call in _calls(stmt):
                 func = call.func
                 if isinstance(func, cst.Attribute) and func.attr.value == "load_weights" and call.args:
-                    if any(n.value in carriers for n in _names_in(call.args[0].value)):
+                    if any(n.value in carriers for n in names_in(call.args[0].value)):
                         places.append(("loader", (owner, i, call)))
-        where, at = _choose(places, pick)
+        where, at = choose(places, pick)
         taken = identifiers(text)
         names = {
             "t": fresh_name("item", taken),
@@ -215,21 +215,21 @@ class HoldStream(Injection):
                     return updated
 
             new_fn = _replace_statement(fn, owner, index, [*pre, stmt.visit(Wrap())])
-        new_fn = _with_prelude(new_fn, imports)
+        new_fn = with_prelude(new_fn, imports)
         if self.construct == "buffering-generator":
             return self.finish(state, site, text, new_fn, BUFFERING_GENERATOR.format(**names))
         if self.construct == "helper-in-other-module":
             path = state.new_module(site.file, "refactor_holders")
             out = rewrite_function(text, site, lambda _fn: new_fn)
-            out = _add_import(out, site, _import_line(module_of(path), [names["f"]]))
+            out = add_import(out, site, import_line(module_of(path), [names["f"]]))
             return Step({site.file: out, path: HOLDING_HELPER.format(**names)}, site, f"{self.construct} at {where}")
         step = self.finish(state, site, text, new_fn)
         return Step(step.files, site, f"{self.construct} at {where}", step.touched) if step else None
 
 
 def _at_start(fn: cst.FunctionDef, stmts: list[cst.BaseStatement]) -> cst.FunctionDef:
-    body = _body_statements(fn)
-    at = _docstring_count(fn)
+    body = body_statements(fn)
+    at = docstring_count(fn)
     return fn.with_changes(body=fn.body.with_changes(body=[*body[:at], *stmts, *body[at:]]))
 
 
@@ -285,7 +285,7 @@ def _fp8_gate(fn: cst.FunctionDef):
     for owner, i, stmt in _statements(fn):
         if not isinstance(stmt, cst.If):
             continue
-        reads = {n.value for n in _names_in(stmt.test)}
+        reads = {n.value for n in names_in(stmt.test)}
         if not (reads & flags or any(_is_fp8_test(t) for t in _comparisons(stmt.test))):
             continue
         if FP8_GEMM in code_of(stmt):
@@ -314,7 +314,7 @@ class Fp8OnBf16(Injection):
         super().__init__("dtype-policy", construct)
 
     def apply(self, state, site, pick):
-        found = _site_function(state, site)
+        found = site_function(state, site)
         if found is None:
             return None
         text, fn = found
@@ -379,7 +379,7 @@ class MissingGateParameter(Injection):
         super().__init__("loader-skips", construct)
 
     def apply(self, state, site, pick):
-        found = _site_function(state, site)
+        found = site_function(state, site)
         if found is None:
             return None
         text, fn = found
@@ -390,7 +390,7 @@ class MissingGateParameter(Injection):
                 for o, i, s in statements
                 if (a := _assign(s)) and _target_text(a) == "self.vision" and isinstance(a.value, cst.Call)
             ]
-            spot = _choose(spots, pick)
+            spot = choose(spots, pick)
             if spot is None:
                 return None
             return self.finish(state, site, text, _replace_statement(fn, *spot, [statement("pass\n")]))
@@ -401,7 +401,7 @@ class MissingGateParameter(Injection):
                 for _o, _i, s in statements
                 if (a := _assign(s)) and "hash" in _target_text(a) and "num_hash_layers" in code_of(a.value)
             ]
-            spot = _choose(creations, pick)
+            spot = choose(creations, pick)
             if spot is None or not flags or not flags[0].isidentifier():
                 return None
             owner, index, stmt = spot
@@ -409,7 +409,7 @@ class MissingGateParameter(Injection):
             guarded = guarded.with_changes(body=guarded.body.with_changes(body=[stmt]))
             return self.finish(state, site, text, _replace_statement(fn, owner, index, [guarded]))
         if self.construct == "bias-vl-never":
-            spot = _choose(creations, pick)
+            spot = choose(creations, pick)
             if spot is None:
                 return None
             return self.finish(state, site, text, _replace_statement(fn, spot[0], spot[1], [statement("pass\n")]))
@@ -419,7 +419,7 @@ class MissingGateParameter(Injection):
                 for o, i, s in statements
                 if isinstance(s, cst.If) and any(_creates(c, "bias_vl") for c in s.body.body)
             ]
-            spot = _choose(ifs, pick)
+            spot = choose(ifs, pick)
             if spot is None:
                 return None
             owner, index, node = spot
@@ -432,7 +432,7 @@ class MissingGateParameter(Injection):
             and any(_creates(c, "e_score_correction_bias") for c in s.body.body)
             and "vision_n_layers" in code_of(s.test)
         ]
-        spot = _choose(ifs, pick)
+        spot = choose(ifs, pick)
         if spot is None:
             return None
         owner, index, node = spot
@@ -465,12 +465,12 @@ class StreamsStayOn(Injection):
         super().__init__("aux-streams", construct)
 
     def apply(self, state, site, pick):
-        found = _site_function(state, site)
+        found = site_function(state, site)
         if found is None:
             return None
         text, fn = found
         spots = [(o, i, s) for o, i, s in _statements(fn) if (a := _assign(s)) and _target_text(a) == "aux_stream_list"]
-        spot = _choose(spots, pick)
+        spot = choose(spots, pick)
         if spot is None:
             return None
         owner, index, stmt = spot
@@ -482,7 +482,7 @@ class StreamsStayOn(Injection):
         else:
             new = [statement(f"aux_stream_list = None if {SWITCH} else {value}\n"), stmt]
         new_fn = _replace_statement(fn, owner, index, new)
-        return self.finish(state, site, text, _with_prelude(new_fn, ["import os"]))
+        return self.finish(state, site, text, with_prelude(new_fn, ["import os"]))
 
 
 # -- exl3-wo-a-slices: the slices named, never mapped ---------------------------------------------------------------
@@ -499,7 +499,7 @@ class SlicesUnmapped(Injection):
         super().__init__("exl3-wo-a-slices", construct)
 
     def apply(self, state, site, pick):
-        found = _site_function(state, site)
+        found = site_function(state, site)
         if found is None:
             return None
         text, fn = found
@@ -510,7 +510,7 @@ class SlicesUnmapped(Injection):
         loops = [
             (o, i, s)
             for o, i, s in statements
-            if isinstance(s, cst.For) and "name" in {n.value for n in _names_in(s.target)}
+            if isinstance(s, cst.For) and "name" in {n.value for n in names_in(s.target)}
         ]
         if not mapping or not loops:
             return None
@@ -518,7 +518,7 @@ class SlicesUnmapped(Injection):
             owner, index, stmt = mapping[0]
             new = [stmt, statement(f"slice_mapping = [{ENTRY}]\n")]
             return self.finish(state, site, text, _replace_statement(fn, owner, index, new))
-        owner, index, loop = _choose(loops, pick)
+        owner, index, loop = choose(loops, pick)
         if self.construct == "entry-added-after-the-loop":
             new = [loop, statement(f"stacked_params_mapping.append({ENTRY})\n")]
             return self.finish(state, site, text, _replace_statement(fn, owner, index, new))
@@ -540,7 +540,7 @@ class StillDense(Injection):
         super().__init__("dense-exl3", construct)
 
     def apply(self, state, site, pick):
-        found = _site_function(state, site)
+        found = site_function(state, site)
         if found is None:
             return None
         text, fn = found
@@ -553,7 +553,7 @@ class StillDense(Injection):
                 and isinstance(s.body[0], cst.Return)
                 and "self._o_proj(" in code_of(s)
             ]
-            spot = _choose(spots, pick)
+            spot = choose(spots, pick)
             if spot is None:
                 return None
             owner, index, stmt = spot
@@ -567,7 +567,7 @@ class StillDense(Injection):
             and isinstance(a.value, cst.Call)
             and any(k.keyword is not None and k.keyword.value == "quant_config" for k in a.value.args)
         ]
-        spot = _choose(spots, pick)
+        spot = choose(spots, pick)
         if spot is None:
             return None
         owner, index, stmt = spot

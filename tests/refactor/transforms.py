@@ -111,7 +111,7 @@ class Transform:
         return self.name
 
 
-def _choose(candidates: Sequence, pick: int):
+def choose(candidates: Sequence, pick: int):
     return candidates[pick % len(candidates)] if candidates else None
 
 
@@ -152,12 +152,12 @@ def _nth(node: cst.CSTNode, test, make, pick: int) -> cst.CSTNode | None:
     return new if nth.done is not None and new is not None else None
 
 
-def _body_statements(fn: cst.FunctionDef) -> list[cst.BaseStatement]:
+def body_statements(fn: cst.FunctionDef) -> list[cst.BaseStatement]:
     return list(fn.body.body) if isinstance(fn.body, cst.IndentedBlock) else []
 
 
-def _docstring_count(fn: cst.FunctionDef) -> int:
-    body = _body_statements(fn)
+def docstring_count(fn: cst.FunctionDef) -> int:
+    body = body_statements(fn)
     if body and isinstance(body[0], cst.SimpleStatementLine) and len(body[0].body) == 1:
         first = body[0].body[0]
         if isinstance(first, cst.Expr) and isinstance(first.value, (cst.SimpleString, cst.ConcatenatedString)):
@@ -165,12 +165,12 @@ def _docstring_count(fn: cst.FunctionDef) -> int:
     return 0
 
 
-def _with_prelude(fn: cst.FunctionDef, lines: Sequence[str]) -> cst.FunctionDef:
+def with_prelude(fn: cst.FunctionDef, lines: Sequence[str]) -> cst.FunctionDef:
     """``fn`` with statements ``lines`` first in its body (after its docstring)."""
     if not lines:
         return fn
-    body = _body_statements(fn)
-    at = _docstring_count(fn)
+    body = body_statements(fn)
+    at = docstring_count(fn)
     new = [statement(line + "\n") for line in lines]
     return fn.with_changes(body=fn.body.with_changes(body=[*body[:at], *new, *body[at:]]))
 
@@ -219,7 +219,7 @@ def _rename_in(fn: cst.FunctionDef, names: dict[str, str]) -> cst.FunctionDef | 
     wrapper = MetadataWrapper(cst.Module(body=[fn]))
     scopes = wrapper.resolve(ScopeProvider)
     func = wrapper.module.body[0]
-    body = _body_statements(func)
+    body = body_statements(func)
     if not body:
         return None
     scope = scopes[body[0]]
@@ -308,7 +308,7 @@ def _bound_before(fn: cst.FunctionDef, block_path: list[tuple[cst.CSTNode, int]]
     return bound
 
 
-def _blocks(fn: cst.FunctionDef) -> list[tuple[list[tuple[cst.CSTNode, int]], cst.CSTNode]]:
+def blocks(fn: cst.FunctionDef) -> list[tuple[list[tuple[cst.CSTNode, int]], cst.CSTNode]]:
     """Every statement block of ``fn`` outside nested functions and classes: (path of (owner, index) from the
     function to the block's owner, the owner). The function itself is the first owner."""
     found = []
@@ -346,7 +346,7 @@ def _sub_blocks(stmt: cst.CSTNode) -> list[cst.CSTNode]:
     return out
 
 
-def _replace_block(fn: cst.FunctionDef, owner: cst.CSTNode, new_body: list[cst.BaseStatement]) -> cst.FunctionDef:
+def replace_block(fn: cst.FunctionDef, owner: cst.CSTNode, new_body: list[cst.BaseStatement]) -> cst.FunctionDef:
     class Swap(cst.CSTTransformer):
         def on_leave(self, original, updated):
             if original is owner:
@@ -359,7 +359,7 @@ def _replace_block(fn: cst.FunctionDef, owner: cst.CSTNode, new_body: list[cst.B
 
 
 # -- module-level helpers -------------------------------------------------------------------------------------------
-def _import_line(module: str, names: Sequence[str]) -> str:
+def import_line(module: str, names: Sequence[str]) -> str:
     return f"from {module} import {', '.join(sorted(names))}"
 
 
@@ -409,7 +409,7 @@ def _site_statement_line(text: str, site: Site) -> int:
     return span(node)[0]
 
 
-def _add_import(text: str, site: Site, line: str) -> str:
+def add_import(text: str, site: Site, line: str) -> str:
     """``line`` (an import) at module level just before the statement holding ``site``."""
     return insert_before(text, _site_statement_line(text, site), line)
 
@@ -428,7 +428,7 @@ def _dedent_def(fn: cst.FunctionDef) -> cst.FunctionDef:
     return fn.with_changes(leading_lines=[])
 
 
-def _site_function(state: State, site: Site) -> tuple[str, cst.FunctionDef] | None:
+def site_function(state: State, site: Site) -> tuple[str, cst.FunctionDef] | None:
     text = state.text(site.file)
     if text is None:
         return None
@@ -446,7 +446,7 @@ class RenameLocal(Transform):
     name = "rename-local"
 
     def apply(self, state, site, pick):
-        found = _site_function(state, site)
+        found = site_function(state, site)
         if found is None:
             return None
         text, fn = found
@@ -454,7 +454,7 @@ class RenameLocal(Transform):
             return None
         params, others = _function_locals(fn)
         candidates = sorted(others)
-        old = _choose(candidates, pick)
+        old = choose(candidates, pick)
         if old is None:
             return None
         new = fresh_name(old, identifiers(text))
@@ -527,7 +527,7 @@ class RenameHelper(Transform):
             }
             - {site.func}
         )
-        old = _choose(called, pick)
+        old = choose(called, pick)
         if old is None or (old.startswith("__") and not old.endswith("__")):
             return None
         spots = _global_name_uses(text, old)
@@ -641,8 +641,8 @@ class _Run:
 def _runs(fn: cst.FunctionDef) -> list[tuple[list[tuple[cst.CSTNode, int]], cst.CSTNode, int, int]]:
     """Runs of 1-3 consecutive statements of one block, in a fixed order: (path, block owner, start, stop)."""
     runs = []
-    skip = _docstring_count(fn)
-    for path, owner in _blocks(fn):
+    skip = docstring_count(fn)
+    for path, owner in blocks(fn):
         size = len(owner.body.body)
         first = skip if owner is fn else 0
         for start in range(first, size):
@@ -690,7 +690,7 @@ def _first_fitting(candidates: Sequence, pick: int, fits: Callable, tries: int =
 def _outside(fn: cst.FunctionDef, owner: cst.CSTNode, start: int, stop: int) -> tuple[set[str], set[str]]:
     """(the names the function reads, the names it binds) outside statements ``start:stop`` of ``owner``'s block."""
     body = list(owner.body.body)
-    holed = _replace_block(fn, owner, [*body[:start], statement("pass\n"), *body[stop:]])
+    holed = replace_block(fn, owner, [*body[:start], statement("pass\n"), *body[stop:]])
     code = textwrap.dedent(code_of(holed.with_changes(decorators=[])))
     table = _symbols(code, fn.name.value)
     reads = {s.get_name() for t in _tables(table) for s in t.get_symbols() if s.is_referenced() or s.is_free()}
@@ -730,7 +730,7 @@ class ExtractHelper(Transform):
         self.name = "extract-module" if other_module else "extract-helper"
 
     def apply(self, state, site, pick):
-        found = _site_function(state, site)
+        found = site_function(state, site)
         if found is None:
             return None
         text, fn = found
@@ -742,7 +742,7 @@ class ExtractHelper(Transform):
         helper = fresh_name(f"_{site.func.strip('_')}_part", taken)
         stmts = list(run.owner.body.body)[run.start : run.stop]
         body = list(run.owner.body.body)
-        new_fn = _replace_block(fn, run.owner, [*body[: run.start], _call_statement(helper, run), *body[run.stop :]])
+        new_fn = replace_block(fn, run.owner, [*body[: run.start], _call_statement(helper, run), *body[run.stop :]])
         out = rewrite_function(text, site, lambda _fn: new_fn)
         if out is None:
             return None
@@ -756,10 +756,10 @@ class ExtractHelper(Transform):
             return None
         head, lazy = imports
         path = state.new_module(site.file, "refactor_helpers")
-        prelude = [_import_line(site.module, lazy)] if lazy else []
+        prelude = [import_line(site.module, lazy)] if lazy else []
         header = "".join(line + "\n" for line in head) + ("\n\n" if head else "")
         new_text = header + _helper_def(helper, run, stmts, prelude)
-        out = _add_import(out, site, _import_line(module_of(path), [helper]))
+        out = add_import(out, site, import_line(module_of(path), [helper]))
         touched = (site, Site(path, None, helper))
         return Step({site.file: out, path: new_text}, site, f"{helper} in {path}: {lines}", touched)
 
@@ -793,7 +793,7 @@ class InlineHelper(Transform):
         self.resolve_import = resolve_import or _imported_from
 
     def apply(self, state, site, pick):
-        found = _site_function(state, site)
+        found = site_function(state, site)
         if found is None:
             return None
         text, fn = found
@@ -805,7 +805,7 @@ class InlineHelper(Transform):
             return use[0], use[1]
 
         candidates = []
-        for _path, owner in _blocks(fn):
+        for _path, owner in blocks(fn):
             for i, stmt in enumerate(owner.body.body):
                 hit = callee_of(stmt)
                 if hit is None:
@@ -816,7 +816,7 @@ class InlineHelper(Transform):
                 callee = function_cst(*source)
                 if callee is not None and self._inlinable(callee) and _bind(callee, hit[1]) is not None:
                     candidates.append((owner, i, hit[0], hit[1], source, callee))
-        chosen = _choose(candidates, pick)
+        chosen = choose(candidates, pick)
         if chosen is None:
             return None
         owner, index, use, call, (callee_text, callee_site), callee = chosen
@@ -833,7 +833,7 @@ class InlineHelper(Transform):
         renamed = _rename_in(callee, fresh)
         if renamed is None:
             return None
-        body = _body_statements(renamed)[_docstring_count(renamed) :]
+        body = body_statements(renamed)[docstring_count(renamed) :]
         last = body[-1]
         final = _single_target(last)
         if final is None or not final[0].startswith("return"):
@@ -863,10 +863,10 @@ class InlineHelper(Transform):
             head, lazy = imports
             prelude += head
             if lazy:
-                prelude.append(_import_line(callee_site.module, lazy))
+                prelude.append(import_line(callee_site.module, lazy))
         current = list(owner.body.body)
-        new_fn = _replace_block(fn, owner, [*current[:index], *lines, *current[index + 1 :]])
-        new_fn = _with_prelude(new_fn, prelude)
+        new_fn = replace_block(fn, owner, [*current[:index], *lines, *current[index + 1 :]])
+        new_fn = with_prelude(new_fn, prelude)
         out = rewrite_function(text, site, lambda _fn: new_fn)
         return Step({site.file: out}, site, f"{name}() inlined", (site,)) if out else None
 
@@ -891,7 +891,7 @@ class InlineHelper(Transform):
         params = callee.params
         if params.star_kwarg is not None or isinstance(params.star_arg, cst.Param):
             return False
-        body = _body_statements(callee)[_docstring_count(callee) :]
+        body = body_statements(callee)[docstring_count(callee) :]
         if not body or _has(body, (cst.Yield, cst.Await, cst.Global, cst.Nonlocal, cst.FunctionDef, cst.ClassDef)):
             return False
         returns = _count(cst.Module(body=body), lambda n: isinstance(n, cst.Return))
@@ -983,7 +983,7 @@ def _method_parts(state: State, site: Site):
     """(text, class node (ast), method (libcst)) for a plain method the generator may move; None otherwise."""
     if not site.cls:
         return None
-    found = _site_function(state, site)
+    found = site_function(state, site)
     if found is None:
         return None
     text, fn = found
@@ -1003,7 +1003,7 @@ def _moved_method(text: str, site: Site, fn: cst.FunctionDef) -> tuple[list[str]
     its annotations dropped and what the original module defines imported inside it)."""
     method = _strip_annotations(fn)
     reads = (_global_reads(text, site) or set()) - {"__class__"}
-    decorators = {n.value for d in fn.decorators for n in _names_in(d.decorator)}
+    decorators = {n.value for d in fn.decorators for n in names_in(d.decorator)}
     imports = _imports_for(text, site.file, reads | decorators)
     if imports is None:
         return None
@@ -1011,11 +1011,11 @@ def _moved_method(text: str, site: Site, fn: cst.FunctionDef) -> tuple[list[str]
     if set(lazy) & decorators:
         return None  # a decorator defined in the module: it must exist when the class body runs
     if lazy:
-        method = _with_prelude(method, [_import_line(site.module, lazy)])
+        method = with_prelude(method, [import_line(site.module, lazy)])
     return head, method
 
 
-def _names_in(node: cst.CSTNode) -> list[cst.Name]:
+def names_in(node: cst.CSTNode) -> list[cst.Name]:
     found = []
 
     class Collect(cst.CSTVisitor):
@@ -1098,7 +1098,7 @@ class MoveMethod(Transform):
         out = rewrite_class(text, site.cls, change_class)
         if out is None:
             return None
-        out = _add_import(out, site, _import_line(module_of(path), [new_cls]))
+        out = add_import(out, site, import_line(module_of(path), [new_cls]))
         moved_site = Site(path, new_cls, site.func)
         touched = (moved_site, site) if self.how == "delegate" else (moved_site,)
         new_site = site if self.how == "delegate" else moved_site
@@ -1158,7 +1158,7 @@ class GetattrRead(Transform):
     name = "getattr-read"
 
     def apply(self, state, site, pick):
-        found = _site_function(state, site)
+        found = site_function(state, site)
         if found is None:
             return None
         text, fn = found
@@ -1237,7 +1237,7 @@ class SetattrWrite(Transform):
     name = "setattr-write"
 
     def apply(self, state, site, pick):
-        found = _site_function(state, site)
+        found = site_function(state, site)
         if found is None:
             return None
         text, fn = found
@@ -1378,7 +1378,7 @@ class EqToIn(Transform):
     name = "eq-to-in"
 
     def apply(self, state, site, pick):
-        found = _site_function(state, site)
+        found = site_function(state, site)
         if found is None:
             return None
         text, fn = found
@@ -1421,7 +1421,7 @@ class EqToIs(Transform):
     name = "eq-to-is"
 
     def apply(self, state, site, pick):
-        found = _site_function(state, site)
+        found = site_function(state, site)
         if found is None:
             return None
         text, fn = found
@@ -1465,22 +1465,22 @@ def _flags(fn: cst.FunctionDef) -> frozenset[str]:
                 if isinstance(target.target, cst.Name):
                     values.setdefault(target.target.value, []).append(node.value)
                 else:
-                    others.update(n.value for n in _names_in(target.target))
+                    others.update(n.value for n in names_in(target.target))
 
         def visit_AugAssign(self, node):  # noqa: N802
-            others.update(n.value for n in _names_in(node.target))
+            others.update(n.value for n in names_in(node.target))
 
         def visit_AnnAssign(self, node):  # noqa: N802
-            others.update(n.value for n in _names_in(node.target))
+            others.update(n.value for n in names_in(node.target))
 
         def visit_For(self, node):  # noqa: N802
-            others.update(n.value for n in _names_in(node.target))
+            others.update(n.value for n in names_in(node.target))
 
         def visit_AsName(self, node):  # noqa: N802
-            others.update(n.value for n in _names_in(node.name))
+            others.update(n.value for n in names_in(node.name))
 
         def visit_NamedExpr(self, node):  # noqa: N802
-            others.update(n.value for n in _names_in(node.target))
+            others.update(n.value for n in names_in(node.target))
 
     fn.visit(Collect())
     params, _ = _function_locals(fn)
@@ -1500,7 +1500,7 @@ class FlagIsTrue(Transform):
     name = "flag-is-true"
 
     def apply(self, state, site, pick):
-        found = _site_function(state, site)
+        found = site_function(state, site)
         if found is None:
             return None
         text, fn = found
@@ -1559,7 +1559,7 @@ class LazyWrapper(Transform):
         self.name = f"lazy-{how}"
 
     def apply(self, state, site, pick):
-        found = _site_function(state, site)
+        found = site_function(state, site)
         if found is None:
             return None
         text, fn = found
@@ -1600,7 +1600,7 @@ class LazyWrapper(Transform):
         if new is None:
             return None
         if self.how == "islice":
-            new = _with_prelude(new, ["import itertools"])
+            new = with_prelude(new, ["import itertools"])
         out = rewrite_function(text, site, lambda _fn: new)
         return Step({site.file: out}, site, self.name, (site,)) if out else None
 
@@ -1628,17 +1628,17 @@ class ConditionFlag(Transform):
         self.name = "condition-helper" if helper else "condition-flag"
 
     def apply(self, state, site, pick):
-        found = _site_function(state, site)
+        found = site_function(state, site)
         if found is None:
             return None
         text, fn = found
         elifs = _elifs(fn)
         candidates = []
-        for path, owner in _blocks(fn):
+        for path, owner in blocks(fn):
             for i, stmt in enumerate(owner.body.body):
                 if isinstance(stmt, cst.If) and id(stmt) not in elifs and not _has([stmt.test], (cst.NamedExpr,)):
                     candidates.append((path, owner, i, stmt))
-        chosen = _choose(candidates, pick)
+        chosen = choose(candidates, pick)
         if chosen is None:
             return None
         path, owner, index, node = chosen
@@ -1663,7 +1663,7 @@ class ConditionFlag(Transform):
             extra[site.file] = f"def {name}({', '.join(inputs)}):\n    return {test_code}\n"
             new_stmts = [node.with_changes(test=expression(f"{name}({', '.join(inputs)})"))]
             detail = f"if {name}()"
-        new_fn = _replace_block(fn, owner, [*body[:index], *new_stmts, *body[index + 1 :]])
+        new_fn = replace_block(fn, owner, [*body[:index], *new_stmts, *body[index + 1 :]])
         out = rewrite_function(text, site, lambda _fn: new_fn)
         if out is None:
             return None
@@ -1696,13 +1696,13 @@ class EarlyReturn(Transform):
         self.name = "else-after-return" if reverse else "early-return"
 
     def apply(self, state, site, pick):
-        found = _site_function(state, site)
+        found = site_function(state, site)
         if found is None:
             return None
         text, fn = found
         elifs = _elifs(fn)
         candidates = []
-        for _path, owner in _blocks(fn):
+        for _path, owner in blocks(fn):
             body = list(owner.body.body)
             for i, stmt in enumerate(body):
                 if not isinstance(stmt, cst.If) or id(stmt) in elifs or not _exits(stmt.body):
@@ -1711,7 +1711,7 @@ class EarlyReturn(Transform):
                     candidates.append((owner, i))
                 if self.reverse and stmt.orelse is None and i + 1 < len(body):
                     candidates.append((owner, i))
-        chosen = _choose(candidates, pick)
+        chosen = choose(candidates, pick)
         if chosen is None:
             return None
         owner, index = chosen
@@ -1723,7 +1723,7 @@ class EarlyReturn(Transform):
         else:
             rest = body[index + 1 :]
             new_body = [*body[:index], node.with_changes(orelse=cst.Else(body=cst.IndentedBlock(body=rest)))]
-        new_fn = _replace_block(fn, owner, new_body)
+        new_fn = replace_block(fn, owner, new_body)
         out = rewrite_function(text, site, lambda _fn: new_fn)
         return Step({site.file: out}, site, self.name, (site,)) if out else None
 
@@ -1740,17 +1740,17 @@ class IfExpToIf(Transform):
     name = "ifexp-to-if"
 
     def apply(self, state, site, pick):
-        found = _site_function(state, site)
+        found = site_function(state, site)
         if found is None:
             return None
         text, fn = found
         candidates = []
-        for _path, owner in _blocks(fn):
+        for _path, owner in blocks(fn):
             for i, stmt in enumerate(owner.body.body):
                 use = _single_target(stmt)
                 if use is not None and use[0] and isinstance(use[1], cst.IfExp):
                     candidates.append((owner, i, use))
-        chosen = _choose(candidates, pick)
+        chosen = choose(candidates, pick)
         if chosen is None:
             return None
         owner, index, (how, value) = chosen
@@ -1760,7 +1760,7 @@ class IfExpToIf(Transform):
         else:
             new = [statement(f"if {test}:\n    {how}{a}\nelse:\n    {how}{b}\n")]
         body = list(owner.body.body)
-        new_fn = _replace_block(fn, owner, [*body[:index], *new, *body[index + 1 :]])
+        new_fn = replace_block(fn, owner, [*body[:index], *new, *body[index + 1 :]])
         out = rewrite_function(text, site, lambda _fn: new_fn)
         return Step({site.file: out}, site, self.name, (site,)) if out else None
 
