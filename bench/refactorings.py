@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import os
+import subprocess
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -78,6 +79,16 @@ def one_release(root: str, examples: int, seed: int, picks: int) -> tuple[str, R
     results.seconds = time.perf_counter() - started
     results.seen = set()  # not needed by the parent; keeps the pickle small
     return plan.release.version, results, plan.notes
+
+
+def checkout() -> str:
+    """The commit of this checkout (``+`` when files differ from it), or ``unknown``."""
+    try:
+        head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain"], capture_output=True, text=True)
+    except OSError:
+        return "unknown"
+    return head.stdout.strip() + ("+" if dirty.stdout.strip() else "") if head.returncode == 0 else "unknown"
 
 
 def dump(directory: Path, name: str, files: dict[str, str]) -> Path:
@@ -139,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         f"refactorings: {len(roots)} release(s), {args.examples} drawn per release, singles x{args.singles}, "
         f"seed {args.seed}"
     )
-    print(f"machine: {cpu_count()} cores, {args.jobs} job(s), load {load:.2f} at start")
+    print(f"machine: {cpu_count()} cores, {args.jobs} job(s), load {load:.2f} at start; checkout {checkout()}")
     jobs = max(1, min(args.jobs, len(roots)))
     work = [(str(root), args.examples, args.seed, args.singles) for root in roots]
     if jobs == 1:
@@ -175,9 +186,12 @@ def main(argv: list[str] | None = None) -> int:
         by_spec = {}
         for row in total.false():
             by_spec.setdefault((row.release, row.spec), row)
+        plans = {}
         for n, (release, spec) in enumerate(sorted(by_spec), 1):
-            root = next(r for r, (v, _res, _n) in zip(roots, done, strict=True) if v == release)
-            plan = plan_release(ReleaseCode(Path(root)))
+            if release not in plans:
+                root = next(r for r, (v, _res, _n) in zip(roots, done, strict=True) if v == release)
+                plans[release] = plan_release(ReleaseCode(Path(root)))
+            plan = plans[release]
             variant = build(plan, *parse_spec(plan, spec))
             dump(args.dump, f"{n:03d}-{release}", {**variant.files, "SPEC": spec + "\n"})
         print(f"\n{len(by_spec)} variant(s) with a false verdict written under {args.dump}")

@@ -390,6 +390,18 @@ class C:
     assert rewritten(GetattrRead(), before, pick=1) == {MODULE: after}
 
 
+def test_attribute_spellings_everywhere_at_once():
+    before = "class C:\n    def f(self, n):\n        self.gate.bias_vl = self.make(n)\n        self.last = n\n"
+    after = """\
+class C:
+    def f(self, n):
+        setattr(getattr(self, "gate"), "bias_vl", getattr(self, "make")(n))
+        setattr(self, "last", n)
+"""
+    step = rewritten(GetattrRead(every=True), before)[MODULE]
+    assert rewritten(SetattrWrite(every=True), step) == {MODULE: after}
+
+
 def test_getattr_read_leaves_f_strings_alone():
     before = 'class C:\n    def f(self):\n        return f"{self.prefix}.gate"\n'
     assert skipped(GetattrRead(), before)

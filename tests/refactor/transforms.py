@@ -14,8 +14,8 @@ checks (named in its docstring); every one is tested before/after on a snippet i
     move-to-mixin         the method into a mixin class in a new module, first among the class's bases
     move-to-base          the method into a new base class in a new module, between the class and its bases
     super-delegation      the method in a mixin, the class's own method ``return super().meth(...)``
-    getattr-read          ``x.a`` -> ``getattr(x, "a")``
-    setattr-write         ``x.a = v`` -> ``setattr(x, "a", v)``
+    getattr-read          ``x.a`` -> ``getattr(x, "a")`` (-all: every read of the function)
+    setattr-write         ``x.a = v`` -> ``setattr(x, "a", v)`` (-all: every such assignment)
     eq-to-in              ``a == b`` -> ``a in (b,)``, ``a != b`` -> ``a not in (b,)`` (a test, or a bool)
     eq-to-is              ``x.dtype == torch.<dtype>`` -> ``x.dtype is torch.<dtype>`` (dtypes are singletons)
     flag-is-true          ``if flag:`` -> ``if flag is True:`` for a local flag only ever bound to a bool
@@ -150,6 +150,26 @@ def _nth(node: cst.CSTNode, test, make, pick: int) -> cst.CSTNode | None:
     nth = _Nth(test, make, pick % total)
     new = node.visit(nth)
     return new if nth.done is not None and new is not None else None
+
+
+def _every(node: cst.CSTNode, test, make) -> cst.CSTNode | None:
+    """``node`` with every candidate rewritten (None: there is none)."""
+
+    class All(cst.CSTTransformer):
+        done = 0
+
+        def on_leave(self, original, updated):
+            if test(original):
+                All.done += 1
+                return make(original, updated)
+            return updated
+
+    new = node.visit(All())
+    return new if All.done else None
+
+
+def _rewrite(node: cst.CSTNode, test, make, pick: int, every: bool) -> cst.CSTNode | None:
+    return _every(node, test, make) if every else _nth(node, test, make, pick)
 
 
 def body_statements(fn: cst.FunctionDef) -> list[cst.BaseStatement]:
@@ -1153,9 +1173,12 @@ def _store_attributes(fn: cst.FunctionDef) -> set[int]:
 
 
 class GetattrRead(Transform):
-    """``x.a`` read (not written, deleted or augmented; ``a`` not a private name) -> ``getattr(x, "a")``."""
+    """``x.a`` read (not written, deleted or augmented; ``a`` not a private name) -> ``getattr(x, "a")``; with
+    ``every``, each such read of the function at once."""
 
-    name = "getattr-read"
+    def __init__(self, every: bool = False) -> None:
+        self.every = every
+        self.name = "getattr-read-all" if every else "getattr-read"
 
     def apply(self, state, site, pick):
         found = site_function(state, site)
@@ -1204,7 +1227,7 @@ class GetattrRead(Transform):
                 args=[cst.Arg(updated.value), cst.Arg(cst.SimpleString(f'"{original.attr.value}"'))],
             )
 
-        new = _nth(fn, test, make, pick)
+        new = _rewrite(fn, test, make, pick, self.every)
         if new is None:
             return None
         out = rewrite_function(text, site, lambda _fn: new)
@@ -1232,9 +1255,12 @@ def _attributes(node: cst.CSTNode) -> list[cst.Attribute]:
 
 
 class SetattrWrite(Transform):
-    """``x.a = v`` (one target, ``a`` not a private name) -> ``setattr(x, "a", v)``."""
+    """``x.a = v`` (one target, ``a`` not a private name) -> ``setattr(x, "a", v)``; with ``every``, each such
+    assignment of the function at once."""
 
-    name = "setattr-write"
+    def __init__(self, every: bool = False) -> None:
+        self.every = every
+        self.name = "setattr-write-all" if every else "setattr-write"
 
     def apply(self, state, site, pick):
         found = site_function(state, site)
@@ -1266,7 +1292,7 @@ class SetattrWrite(Transform):
             )
             return updated.with_changes(body=[cst.Expr(call)])
 
-        new = _nth(fn, test, make, pick)
+        new = _rewrite(fn, test, make, pick, self.every)
         if new is None:
             return None
         out = rewrite_function(text, site, lambda _fn: new)
@@ -1777,7 +1803,9 @@ def keeping(package_files: Callable[[], Sequence[str]] = tuple) -> tuple[Transfo
         MoveMethod("base"),
         MoveMethod("delegate"),
         GetattrRead(),
+        GetattrRead(every=True),
         SetattrWrite(),
+        SetattrWrite(every=True),
         EqToIn(),
         EqToIs(),
         FlagIsTrue(),
