@@ -66,6 +66,18 @@ def test_every_variant_is_valid_python_and_keeps_its_names(sample):
     assert not sample.invalid, "\n".join(sample.invalid)
 
 
+def test_sites_reach_beyond_the_scopes_the_patches_edit():
+    """The judgement of a fix is rewritten where the engine found it, not only in the edited scope: on 0.33.0,
+    each upstream patch's edits rest on functions the engine looked up elsewhere (the dtype gate in the shared op,
+    the MoE that creates the gate parameters, the generator that streams the language model)."""
+    plan = plan_release(ReleaseCode(pristine("0.33.0")))
+    for patch in ("dtype-policy", "loader-skips", "stream-load"):
+        edits = [e for e in plan.edits if e.patch == patch and e.recorded == "upstream"]
+        assert edits, patch
+        scopes = {(e.file, e.scope) for e in edits}
+        assert any((site.file, site.qualname) not in scopes for e in edits for site in e.sites), patch
+
+
 def test_the_sample_reaches_every_release_and_both_kinds(sample):
     releases = {row.release for row in sample.rows}
     assert releases == set(RELEASES)
