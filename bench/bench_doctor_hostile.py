@@ -13,8 +13,31 @@ its wall time. Targets: every case well under 200 MB and a few seconds; exit 1 o
 never an internal error.
 
 ``--hub`` runs every case from a stand-in Hub on loopback instead (tests/doctor/hub_server.py, in a process of
-its own: ``--pack hf://OWNER/NAME``), with the cases only the Hub has: a server that ignores Range, a 404 shard,
-an answer cut short, a header length past the file, a header past the Hub client's 25 MB limit.
+its own, its large files behind a loopback CDN: ``--pack hf://OWNER/NAME``), with the cases only the Hub has: a
+server that ignores Range, a 404 shard, an answer cut short, a header length past the file, a header past the
+Hub client's 25 MB limit, and a server that misbehaves: a listing that never answers, a byte a second on every
+request, 429 with Retry-After 100000, endless Link rel="next" pages, a gzip bomb as the listing (256 MB from
+261 KB), a file name with terminal escapes. Each ends within doctor's Hub deadline (50 s; the command's
+``--hub-timeout``) with one line or a fail row; ``--only Hub:`` runs those alone.
+
+Issue 39 item 5, ``--hub --only Hub: --version 0.34.0`` (default deadline 50 s; "before": ``--code`` a checkout
+of 484095a, ``--timeout 90``), peak RSS and wall time, and what doctor said:
+
+    a listing that never answers    before: killed past 90 s    after:  41 MB  31.0 s  exit 2, "listing its
+                                                                        files: the server sent nothing for 30 s"
+    a byte a second, every request  before: killed past 90 s    after:  41 MB  50.5 s  exit 2, "no answer within
+                                                                        the 50 s doctor gives the Hub, reading
+                                                                        config.json"
+    429, Retry-After: 100000        before: killed past 90 s    after:  41 MB   1.5 s  exit 2, "listing its files:
+                                    (it sleeps 100001 s)                the server refused it as too many
+                                                                        requests (HTTP 429, Retry-After '100000')"
+    endless Link rel="next" pages   before: killed past 90 s    after:  41 MB   5.9 s  exit 2, "the listing runs
+                                                                        past 100 pages"
+    a gzip bomb as the listing      before: 553 MB, 4.8 s, "holds no after:  73 MB   3.0 s  exit 2, "listing its
+    (256 MB from 261 KB)            *.safetensors file"                 files: more than the 16,777,216 bytes
+                                                                        doctor reads (once decoded)"
+    a file name with terminal       before: 8 raw ESC bytes in the      after:  49 MB   3.2 s  exit 1, pack.shards
+    escapes                         table                               fail naming \\x1b]0;owned\\x07...
 
 ``--code CHECKOUT`` runs the doctor of another checkout (e.g. a ``git worktree``
 of an older commit) on the same files, for before/after figures; a case that
@@ -211,16 +234,25 @@ HUB_CASES = {
     "Hub: an answer cut short": (None, ("truncate=#3",)),
     "Hub: a header length past the file": (header_past_the_file, ()),
     "Hub: a 30 MB header, past the Hub limit": (header_past_the_hub_limit, ()),
+    # issue 39 item 5: a server that misbehaves (tests/doctor/hub_server.py's switches)
+    "Hub: a listing that never answers": (None, ("stall=tree",)),
+    "Hub: a byte a second on every request": (None, ("trickle=tree", "trickle=head", "trickle=get", "trickle=cdn")),
+    "Hub: 429 with Retry-After 100000": (None, ("rate_limit=tree",)),
+    "Hub: endless Link rel=next pages": (None, ("endless_pages",)),
+    "Hub: a gzip bomb as the listing": (None, ("gzip_bomb",)),
+    "Hub: a file name with terminal escapes": (None, ("extra_files=\x1b]0;owned\x07\x1b[2Jmodel-9-of-8.safetensors",)),
 }
 HUB_REPO = "bench/hostile-pack"
 HUB_SERVER = """
 import sys
 from pathlib import Path
 from tests.doctor.hub_server import serving
-with serving({sys.argv[1]: Path(sys.argv[2])}) as hub:
+with serving({sys.argv[1]: Path(sys.argv[2])}, cdn=True) as hub:
     for switch in sys.argv[3:]:
         name, _, value = switch.partition("=")
-        if value:
+        if isinstance(getattr(hub, name), dict):
+            getattr(hub, name)[value] = 4096
+        elif value:
             getattr(hub, name).add(value)
         else:
             setattr(hub, name, True)
@@ -292,19 +324,31 @@ def _run(command: list[str], env: dict, timeout: float) -> tuple[float, float, i
     )
 
 
+def _printable(text: str) -> str:
+    """``text`` with its control characters escaped: a doctor that printed them raw must not act on this terminal."""
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
+
+
 def _said(name: str, stdout: str, stderr: str) -> str:
     """The row that judged the hostile file (or the one-line error), and any internal error."""
+    return _printable(_what_it_said(name, stdout, stderr))
+
+
+def _what_it_said(name: str, stdout: str, stderr: str) -> str:
     try:
         report = json.loads(stdout)
     except ValueError:
         lines = stderr.strip().splitlines()
-        return lines[-1][:110] if lines else "(no output)"
+        return lines[-1][:200] if lines else "(no output)"
     if report.get("error"):
-        return f"error: {str(report['error'])[:100]}"
+        return f"error: {str(report['error'])[:200]}"
     rows = {row["id"]: row for row in report["checks"]}
     row = rows.get("pack.config" if "config" in name else "pack.shards")
     crashed = [r["id"] for r in report["checks"] if r["detail"].startswith("internal error")]
-    said = f"{row['status']}: {row['detail'][:100]}" if row else ""
+    detail = row["detail"] if row else ""
+    if "escapes" in name:  # the part that names the file
+        detail = detail[max(detail.find("model-9-of-8") - 40, 0) :]
+    said = f"{row['status']}: {detail[:160]}" if row else ""
     return said + (f" INTERNAL ERROR in {len(crashed)} rows: {crashed[:3]}" if crashed else "")
 
 

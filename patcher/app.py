@@ -7,13 +7,15 @@ on an applied tree without Typer).
 from __future__ import annotations
 
 import enum
+import functools
 import sys
 from pathlib import Path
 
 import typer
+import typer.core
 
 from patch_dsv4 import __version__
-from patch_dsv4.output.errors import PatcherError
+from patch_dsv4.output.errors import EXIT_INTERRUPTED, PatcherError
 
 app = typer.Typer(
     name="patch-dsv4",
@@ -71,27 +73,67 @@ def _environment(site_packages: Path | None, python: str | None):
 
 
 def _say(message: str) -> None:
-    """A progress line for a person, on stderr (stdout holds the report)."""
-    sys.stderr.write(f"patch-dsv4: {message}\n")
-    sys.stderr.flush()
+    """A progress line for a person, on stderr (stdout holds the report), within 80 columns."""
+    from patch_dsv4.output.render import say
+
+    say(message)
 
 
 def _opt_ins(with_: list[str] | None) -> list[str]:
-    """The opt-ins asked for: $PATCH_DSV4_WITH (comma-separated ids, checked), then ``--with``."""
+    """The opt-ins asked for: $PATCH_DSV4_WITH (comma-separated ids), then ``--with``; each must be an opt-in patch.
+
+    A patch applied by default (``--with stream-load``) is refused as an unknown one is, from either source: the
+    user asked for something ``--with`` does not do, and the next command is theirs without it.
+    """
     from patch_dsv4.fastpath import serving
     from patch_dsv4.patching.registry import discover_patches
 
-    asked = serving.opt_ins_from_env()
-    if asked:
-        known = sorted(p.id for p in discover_patches() if p.opt_in)
-        unknown = serving.unknown_opt_ins(asked, known)
-        if unknown:
-            raise PatcherError(
-                f"{serving.ENV_WITH} names {', '.join(unknown)}, which is no opt-in patch",
-                f"the opt-ins are {', '.join(known)}",
-                f"set {serving.ENV_WITH} to some of them, comma-separated (patch-dsv4 list says what each does)",
+    patches = discover_patches()
+    opt_ins = sorted(p.id for p in patches if p.opt_in)
+    defaults = {p.id for p in patches if not p.opt_in}
+    from_env, given = serving.opt_ins_from_env(), list(with_ or [])
+    for source, ids in ((serving.ENV_WITH, from_env), ("--with", given)):
+        bad = [pid for pid in ids if pid not in opt_ins]
+        if not bad:
+            continue
+        default = [pid for pid in bad if pid in defaults]
+        named = f"{source} {','.join(bad)}" if source == "--with" else f"{source}={','.join(ids)}"
+        if default:
+            what = f"{named}: {', '.join(default)} {'is' if len(default) == 1 else 'are'} no opt-in patch"
+            why = (
+                f"apply applies {', '.join(default)} by default wherever this vLLM needs it; {source} names "
+                f"opt-in patches only ({', '.join(opt_ins)})"
             )
-    return list(dict.fromkeys([*asked, *(with_ or [])]))
+        else:
+            what = f"{named}: no opt-in patch {', '.join(bad)}"
+            why = f"the opt-in patches are {', '.join(opt_ins)} (patch-dsv4 list says what each does)"
+        raise PatcherError(what, why, _without(source, bad, ids))
+    return list(dict.fromkeys([*from_env, *given]))
+
+
+#: The command line being run (``run`` sets it): a "next" that repeats it, mended, is a command that works.
+_ARGS: list[str] = []
+
+
+def _without(source: str, bad: list[str], ids: list[str]) -> str:
+    """The command line being run without the ids in ``bad`` (from ``--with`` or from $PATCH_DSV4_WITH)."""
+    import shlex
+
+    from patch_dsv4.fastpath import serving
+
+    args, kept = list(_ARGS), []
+    if source == "--with":
+        i = 0
+        while i < len(args):
+            name, eq, value = args[i].partition("=")
+            if name == "--with" and (value if eq else (args[i + 1] if i + 1 < len(args) else None)) in bad:
+                del args[i : i + (1 if eq else 2)]
+                continue
+            i += 1
+        return "patch-dsv4 " + shlex.join(args)
+    kept = [pid for pid in ids if pid not in bad]
+    prefix = f"{serving.ENV_WITH}={','.join(kept)} " if kept else f"env -u {serving.ENV_WITH} "
+    return prefix + "patch-dsv4 " + shlex.join(args)
 
 
 def _lock_wait(holder: str) -> None:
@@ -111,30 +153,39 @@ def _finish(document, fmt: str, verbosity: int = 0) -> None:
 
 
 @app.command("list")
-def list_patches(fmt: Format = FormatOption, as_json: bool = JsonFlag) -> None:
-    """The patches: what each fixes, why, and where."""
-    from patch_dsv4.output.render import write_json
+def list_patches(
+    patch_ids: list[str] | None = typer.Argument(None, metavar="[ID]...", help="Show what these patches fix and why."),
+    fmt: Format = FormatOption,
+    as_json: bool = JsonFlag,
+    verbose: bool = typer.Option(False, "-v", "--verbose", help="Show what every patch fixes and why."),
+) -> None:
+    """The patches, a line each; what each fixes and why: -v or an ID."""
+    from patch_dsv4.output.render import Style, list_lines, why_lines, write_json
     from patch_dsv4.output.verdicts import JSON_SCHEMA
     from patch_dsv4.patching.registry import discover_patches
 
     patches = discover_patches()
+    known = [p.id for p in patches]
+    unknown = [pid for pid in patch_ids or () if pid not in known]
+    if unknown:
+        raise PatcherError(f"no patch {', '.join(unknown)}", f"the patches are {', '.join(known)}", "patch-dsv4 list")
+    shown = [p for p in patches if p.id in patch_ids] if patch_ids else patches
     fmt_name = _format(fmt, as_json)
     if fmt_name == "json":
         data = [
-            {"id": p.id, "title": p.title, "why": p.why(), "opt_in": p.opt_in, "files": list(p.files())}
-            for p in patches
+            {"id": p.id, "title": p.title, "why": p.why(), "opt_in": p.opt_in, "files": list(p.files())} for p in shown
         ]
         write_json({"schema": JSON_SCHEMA, "command": "list", "exit_code": 0, "error": None, "patches": data})
         return
-    for p in patches:
-        opt = " (opt-in: apply --with " + p.id + ")" if p.opt_in else ""
-        if fmt_name == "markdown":
+    if fmt_name == "markdown":
+        for p in shown:
+            opt = " (opt-in: apply --with " + p.id + ")" if p.opt_in else ""
             sys.stdout.write(f"### `{p.id}`: {p.title}{opt}\n\n{p.why()}\n\n")
-        else:
-            sys.stdout.write(f"{p.id}: {p.title}{opt}\n\n")
-            sys.stdout.write("".join(f"    {line}\n" if line else "\n" for line in p.why().splitlines()) + "\n")
-    if fmt_name != "markdown":
-        sys.stdout.write(f"{len(patches)} patches\n")
+        return
+    style = Style.for_stream(sys.stdout)
+    rows = [(p.id, p.opt_in, p.title, p.why(), p.files()) for p in shown]
+    lines = why_lines(rows, style) if verbose or patch_ids else list_lines(rows, style)
+    sys.stdout.write("\n".join(lines) + "\n")
 
 
 @app.command()
@@ -295,7 +346,42 @@ def revert(
     _finish(report, _format(fmt, as_json), _verbosity(verbose, quiet))
 
 
-@app.command()
+def _write_dl(formatter, rows, col_max: int = 30, col_spacing: int = 2) -> None:
+    """Click's option list, each description wrapped at spaces only: a flag or path in an option's help
+    (``"--tensor-parallel-size 8"``) is never split at a hyphen, so it can be copied from the help."""
+    import textwrap
+
+    rows = list(rows)
+    first_col = min(max((len(term) for term, _ in rows), default=0), col_max) + col_spacing
+    indent = " " * formatter.current_indent
+    for term, text in rows:
+        formatter.write(f"{indent}{term}")
+        if not text:
+            formatter.write("\n")
+            continue
+        if len(term) <= first_col - col_spacing:
+            formatter.write(" " * (first_col - len(term)))
+        else:
+            formatter.write("\n" + " " * (first_col + formatter.current_indent))
+        width = max(formatter.width - first_col - formatter.current_indent, 10)
+        lines = textwrap.wrap(text, width, break_long_words=False, break_on_hyphens=False) or [""]
+        formatter.write(lines[0] + "\n")
+        for line in lines[1:]:
+            formatter.write(" " * (first_col + formatter.current_indent) + line + "\n")
+
+
+class _FlagSafeContext(typer.Context):
+    def make_formatter(self):
+        formatter = super().make_formatter()
+        formatter.write_dl = functools.partial(_write_dl, formatter)
+        return formatter
+
+
+class _FlagSafeCommand(typer.core.TyperCommand):
+    context_class = _FlagSafeContext
+
+
+@app.command(cls=_FlagSafeCommand)
 def doctor(
     site_packages: Path | None = SitePackages,
     python: str | None = Python,
@@ -315,6 +401,12 @@ def doctor(
     fix_config: bool = typer.Option(
         False, "--fix-config", help="Write the config.json edits the failing rows ask for (the original is kept)."
     ),
+    hub_timeout: float | None = typer.Option(
+        None,
+        "--hub-timeout",
+        metavar="S",
+        help="Seconds for all of the reads of a pack on the Hub (default 50, or PATCH_DSV4_HUB_TIMEOUT).",
+    ),
     fmt: Format = FormatOption,
     as_json: bool = JsonFlag,
     verbose: bool = Verbose,
@@ -327,7 +419,14 @@ def doctor(
     from patch_dsv4.doctor.run import doctor_command
 
     code = doctor_command(
-        site_packages, python, pack, serve_args, fix_config, _format(fmt, as_json), _verbosity(verbose, quiet)
+        site_packages,
+        python,
+        pack,
+        serve_args,
+        fix_config,
+        _format(fmt, as_json),
+        _verbosity(verbose, quiet),
+        hub_timeout,
     )
     raise typer.Exit(code)
 
@@ -344,7 +443,7 @@ PipOption = typer.Option(
 )
 
 
-def _release_target(vllm_version, wheel, source, flashinfer_version, cache_dir, pip_options):
+def _release_target(vllm_version, wheel, source, flashinfer_version, cache_dir, pip_options, quiet=False):
     from patch_dsv4.releases import release_target as rt
     from patch_dsv4.releases.release_wheel import fetch_wheel, flashinfer_pin_served
 
@@ -358,7 +457,10 @@ def _release_target(vllm_version, wheel, source, flashinfer_version, cache_dir, 
         return rt.open_source(source, vllm_version, flashinfer_version)
     if vllm_version is None:
         raise PatcherError("no release to judge", "", "pass --vllm-version X, --wheel FILE or --source DIR")
-    path, how = fetch_wheel(vllm_version, cache_dir, pip_options or (), progress=_say)
+    from patch_dsv4.output.progress import progress
+
+    with progress(quiet) as bars:
+        path, how = fetch_wheel(vllm_version, cache_dir, pip_options or (), None if quiet else _say, bars)
     target = rt.open_wheel(path, flashinfer_version)
     target.notes.insert(0, f"wheel {path.name} {how}")
     if target.flashinfer_source == "pinned" and target.flashinfer_version and not target.flashinfer_given:
@@ -400,7 +502,7 @@ def drift(
     """
     from patch_dsv4.pipeline.drift import drift as judge_drift
 
-    with _release_target(vllm_version, wheel, source, flashinfer_version, cache_dir, pip_options) as target:
+    with _release_target(vllm_version, wheel, source, flashinfer_version, cache_dir, pip_options, quiet) as target:
         report = judge_drift(target, strict=strict)
     _finish(report, _format(fmt, as_json), _verbosity(verbose, quiet))
 
@@ -436,23 +538,32 @@ def anchors_record(
         versions += [v for v in anchors_store.recorded_versions(out) if v not in versions]
     if not versions:
         raise PatcherError("no release to record", "", "pass --vllm-version X (repeatable) or --all")
+    from patch_dsv4.output.progress import progress
+
     stale = []
-    for number, version in enumerate(versions, 1):
-        _say(f"vLLM {version} ({number} of {len(versions)})")
-        path, _how = fetch_wheel(version, cache_dir, pip_options or (), progress=_say)
-        with open_wheel(path) as target:
-            if target.vllm_version != version:
-                raise PatcherError(f"{path.name} is vLLM {target.vllm_version}, not {version}", "", "clear the cache")
-            fresh = record(target, wheel_name=path.name)
-        current = anchors_store.load(version, out)
-        same = current is not None and anchors_store.dumps(current) == anchors_store.dumps(fresh)
-        if check:
-            if not same:
-                stale.append(version)
-            sys.stdout.write(f"vLLM {version}: {'up to date' if same else 'differs from a fresh record'}\n")
-            continue
-        written = anchors_store.write(fresh, out)
-        sys.stdout.write(f"vLLM {version}: {'unchanged' if same else 'recorded'} {written}\n")
+    with progress() as bars:
+        releases = bars.task("releases", len(versions))
+        for number, version in enumerate(versions, 1):
+            if not bars.shown:
+                _say(f"vLLM {version} ({number} of {len(versions)})")
+            bars.update(releases, completed=number - 1)
+            path, _how = fetch_wheel(version, cache_dir, pip_options or (), _say, bars)
+            with open_wheel(path) as target:
+                if target.vllm_version != version:
+                    raise PatcherError(
+                        f"{path.name} is vLLM {target.vllm_version}, not {version}", "", "clear the cache"
+                    )
+                fresh = record(target, wheel_name=path.name)
+            current = anchors_store.load(version, out)
+            same = current is not None and anchors_store.dumps(current) == anchors_store.dumps(fresh)
+            if check:
+                if not same:
+                    stale.append(version)
+                sys.stdout.write(f"vLLM {version}: {'up to date' if same else 'differs from a fresh record'}\n")
+                continue
+            written = anchors_store.write(fresh, out)
+            sys.stdout.write(f"vLLM {version}: {'unchanged' if same else 'recorded'} {written}\n")
+            sys.stdout.flush()
     if stale:
         sys.stdout.write(f"anchors record --check: {len(stale)} stale; re-record: {anchors_store.RECORD_COMMAND}\n")
         raise typer.Exit(1)
@@ -504,6 +615,7 @@ def run(args: list[str]) -> int:
     """Run the command line; PatcherError and usage errors propagate to patch_dsv4.cli, which prints them."""
     import re
 
+    _ARGS[:] = args
     command = typer.main.get_command(app)
     try:
         code = command.main(args=args, prog_name="patch-dsv4", standalone_mode=False)
@@ -516,4 +628,6 @@ def run(args: list[str]) -> int:
         if stray and name in (*TARGETED, "drift"):
             raise _stray_argument(name, stray[1]) from None
         raise
+    if code == EXIT_INTERRUPTED:  # Typer turns Ctrl-C into a silent 130; patch_dsv4.cli says where it struck
+        raise KeyboardInterrupt
     return code if isinstance(code, int) else 0

@@ -4,7 +4,7 @@
 answered from the state's hashes without importing Typer, rich or libcst
 (:mod:`patch_dsv4.fastpath.quick`), and ``doctor`` with plain options runs without Typer;
 everything else goes to the Typer app (:mod:`patch_dsv4.app`). Expected errors are short: what, why and the next
-command, each on its own line on a terminal, one line otherwise.
+command, each on lines of its own led by ``patch-dsv4: error:``, ``why:`` and ``next:``, within 80 columns.
 """
 
 import os
@@ -13,6 +13,7 @@ import sys
 from patch_dsv4 import __version__
 
 EXIT_ENVIRONMENT = 2  # patch_dsv4.output.errors.EXIT_ENVIRONMENT: imported where an error is caught, not before
+EXIT_INTERRUPTED = 130  # patch_dsv4.output.errors.EXIT_INTERRUPTED
 
 COMMANDS = ("list", "status", "apply", "takeover", "verify", "revert", "drift", "anchors", "doctor")
 
@@ -29,37 +30,11 @@ def _wants_json(args: list[str]) -> bool:
     )
 
 
-#: The longest error line written to a pipe or a file (a log line people read, and a grep hit).
-MAX_LINE = 200
+def print_error(what: str, why: str = "", next_step: str = "") -> None:
+    """An expected error on stderr: what, why and next, each on lines of its own that fit 80 columns."""
+    from patch_dsv4.output.render import error_text, stderr_width
 
-
-def _wrapped(line: str) -> str:
-    """``line`` folded at spaces into lines of at most MAX_LINE, the later ones led by ``patch-dsv4:   ``."""
-    import textwrap
-
-    return "\n".join(textwrap.wrap(line, MAX_LINE, subsequent_indent="patch-dsv4:   ", break_on_hyphens=False))
-
-
-def print_error(what: str, why: str = "", next_step: str = "", stream=None) -> None:
-    """An expected error: one line when piped, what / why / next on lines of their own on a terminal."""
-    stream = stream or sys.stderr
-    if hasattr(stream, "isatty") and stream.isatty():
-        stream.write(f"patch-dsv4: error: {what}\n")
-        if why:
-            stream.write(f"  why:  {why}\n")
-        if next_step:
-            stream.write(f"  next: {next_step}\n")
-    else:
-        text = (
-            f"patch-dsv4: error: {what}" + (f": {why}" if why else "") + (f" (next: {next_step})" if next_step else "")
-        )
-        if len(text) <= MAX_LINE:
-            stream.write(text + "\n")
-            return
-        # too long for one line: what, why and next on lines of their own, each wrapped to fit
-        for label, part in (("error", what), ("why", why), ("next", next_step)):
-            if part:
-                stream.write(_wrapped(f"patch-dsv4: {label}: {part}") + "\n")
+    sys.stderr.write(error_text(what, why, next_step, stderr_width()))
 
 
 def _fail(command: str | None, what: str, why: str, next_step: str, code: int, as_json: bool, report=None) -> int:
@@ -78,7 +53,7 @@ def _fail(command: str | None, what: str, why: str, next_step: str, code: int, a
 # that run on every container start answer without it when their command line is this plain.
 _VALUES = {
     "verify": ("--site-packages", "--format", "--expect"),
-    "doctor": ("--site-packages", "--python", "--pack", "--serve-args", "--format"),
+    "doctor": ("--site-packages", "--python", "--pack", "--serve-args", "--format", "--hub-timeout"),
 }
 _FLAGS = {
     "--json": ("format", "json"),
@@ -146,6 +121,10 @@ def _fast_doctor(args: list[str]) -> int | None:
     options = _plain_options(args, "doctor")
     if options is None:
         return None
+    try:
+        hub_timeout = float(options["hub_timeout"]) if "hub_timeout" in options else None
+    except ValueError:
+        return None  # Typer says it properly
     from patch_dsv4.doctor.run import doctor_command
 
     return doctor_command(
@@ -156,6 +135,7 @@ def _fast_doctor(args: list[str]) -> int | None:
         options.get("fix_config", False),
         options["format"],
         options["verbosity"],
+        hub_timeout,
     )
 
 
@@ -164,6 +144,10 @@ def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv) or ["--help"]
     as_json = _wants_json(args)
     command = _command_of(args)
+    if command in WRITING:
+        from patch_dsv4.output.errors import forget_progress
+
+        forget_progress()
     try:
         code = _fast_verify(args)
         if code is None:
@@ -173,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
 
             code = run(args)
     except KeyboardInterrupt:
-        code = _fail(command, "interrupted", "", "", 130, as_json)
+        code = _fail(command, *_interrupted(command, args), EXIT_INTERRUPTED, as_json)
     except BrokenPipeError:  # `patch-dsv4 status | head`: the reader left; say nothing more
         try:
             sys.stdout = open(os.devnull, "w")
@@ -181,14 +165,66 @@ def main(argv: list[str] | None = None) -> int:
             pass
         code = 0
     except Exception as exc:
-        from patch_dsv4.output.errors import PatcherError
+        from patch_dsv4.output.errors import AGAIN, PatcherError
 
         if isinstance(exc, PatcherError):
             report = getattr(exc, "report", None)
-            code = _fail(command, exc.what, exc.why, exc.next_step, exc.exit_code, as_json, report)
+            next_step = exc.next_step or (_again(args) if exc.exit_code == EXIT_INTERRUPTED else "")
+            next_step = next_step.replace(AGAIN, _again(args))
+            code = _fail(command, exc.what, exc.why, next_step, exc.exit_code, as_json, report)
         else:
             code = _unexpected(command, exc, as_json)
     return _exit(code, argv)
+
+
+#: The commands that write vLLM's files (their transaction says how far an interrupt let them go).
+WRITING = ("apply", "takeover", "revert")
+
+
+def _again(args: list[str]) -> str:
+    """The command line being run, as the user can run it again."""
+    import shlex
+
+    return "patch-dsv4 " + shlex.join(args)
+
+
+def _target_args(args: list[str]) -> str:
+    """The target options of ``args`` (``--site-packages DIR``, ``--python EXE``), as a next command repeats them."""
+    import shlex
+
+    found = []
+    for i, arg in enumerate(args):
+        name, eq, value = arg.partition("=")
+        if name in ("--site-packages", "--python") and (eq or i + 1 < len(args)):
+            found.append(f" {name} {shlex.quote(value if eq else args[i + 1])}")
+    return "".join(found)
+
+
+def _interrupted(command: str | None, args: list[str]) -> tuple[str, str, str]:
+    """(what, why, next) of a Ctrl-C that no step said more of: what the command had done, and the tree's state.
+
+    Every write of apply, takeover and revert says itself where an interrupt strikes it (the transaction); one
+    struck anywhere else finds their work not begun, or complete.
+    """
+    from patch_dsv4.output.errors import progress
+
+    how_far = progress() if command in WRITING else None
+    status = f"patch-dsv4 status{_target_args(args)}"
+    if how_far is not None and how_far[0] == "completed":
+        return f"interrupted after {how_far[1]}", "only its report was cut short", status
+    if how_far is not None:
+        return (
+            f"interrupted while {how_far[1]} wrote the files",
+            "its journal is kept in .patch-dsv4/: the next apply or revert finishes it (status says what is there)",
+            _again(args),
+        )
+    if command in WRITING and "--dry-run" not in args:
+        return f"interrupted: {command} changed nothing", "it had not begun to write", _again(args)
+    if command == "anchors":
+        return "interrupted", "the releases said recorded above are written; the rest are not", _again(args)
+    if command == "doctor":
+        return "interrupted", "", _again(args)
+    return f"interrupted: {command or 'patch-dsv4'} changed nothing", "", ""
 
 
 def _unexpected(command: str | None, exc: Exception, as_json: bool) -> int:

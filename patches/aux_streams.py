@@ -200,6 +200,7 @@ LNA_AUX_STREAMS = ForeignEdit(
 class AuxStreams(Patch):
     id = "aux-streams"
     title = "opt-in: PATCH_DSV4_AUX_STREAMS=0 keeps attention GEMMs off vLLM's auxiliary CUDA streams"
+    serve_impact = "EXL3 attention linears run on vLLM's auxiliary CUDA streams (decode deadlock risk)"
     opt_in = True
     edits = tuple(
         ReplaceStatements(

@@ -538,6 +538,10 @@ def _lna_score_calls(scope: ast.AST | None) -> list[ast.Call]:
 class DenseExl3(Patch):
     id = "dense-exl3"
     title = "opt-in: EXL3 attention and compressor linears (lna-lab's dense-EXL3 packs) load and run"
+    serve_impact = (
+        "an EXL3 attention or compressor linear has no parameter (KeyError mid-load) or no .weight "
+        "(AttributeError at the first forward)"
+    )
     opt_in = True
     edits = (
         ReplaceStatements(

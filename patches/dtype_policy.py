@@ -283,6 +283,10 @@ RECIPE_STOCK028 = ForeignEdit(
 class DtypePolicy(Patch):
     id = "dtype-policy"
     title = "NVIDIA attention: a BF16 wo_a takes the BF16 output projection, not the FP8-only einsum"
+    serve_impact = (
+        "the BF16 wo_a reaches the FP8-only O projection: AttributeError ... weight_scale_inv at the first "
+        "forward, or empty text"
+    )
     edits = tuple(
         ReplaceStatements(
             label=f"{what} O projection honours wo_a's dtype",

@@ -191,6 +191,7 @@ def _upstream_slices(file: str = MODEL):
 class Exl3WoASlices(Patch):
     id = "exl3-wo-a-slices"
     title = "opt-in: an EXL3 wo_a stored per group (attn.wo_a.slice.G) loads"
+    serve_impact = "the loader has no mapping for attn.wo_a.slice.G: KeyError part-way through the load"
     opt_in = True
     edits = tuple(
         ReplaceStatements(

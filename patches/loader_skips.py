@@ -303,6 +303,7 @@ RECIPE_DRAFT_SKIP = ForeignEdit(
 class LoaderSkips(Patch):
     id = "loader-skips"
     title = "0.28/0.29 loaders skip the vision pack's tensors that have no parameter or module there"
+    serve_impact = "the 0.28/0.29 loader meets the vision pack's extra tensors: KeyError part-way through the load"
     edits = (
         ReplaceStatements(
             label="text class ignores the vision tower it has no module for",

@@ -221,6 +221,10 @@ V41_SORTED_MAPPER = Variant(
 class StreamLoad(Patch):
     id = "stream-load"
     title = "vision-class load_weights streams the checkpoint instead of sorting it in host memory"
+    serve_impact = (
+        "the vision loader sorts the checkpoint and holds the whole pack in host memory: a 128 GB unified-memory "
+        "box wedges mid-load"
+    )
     edits = tuple(
         ReplaceStatements(
             label=label,

@@ -548,6 +548,10 @@ RECIPE_WIDE_SWA = ForeignEdit(
 class WideSwa(Patch):
     id = "wide-swa"
     title = "SM120 prefill runs window rows wider than 128 as 128-wide slices merged by base-2 LSE"
+    serve_impact = (
+        "vision prefill fails at warm-up with 'Unsupported sparse-MLA prefill configuration ... topk=512' "
+        "(text works, images return 500)"
+    )
     edits = (
         ReplaceStatements(
             label="slice wide SM120 dual-cache prefill rows",

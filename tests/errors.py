@@ -1,27 +1,30 @@
-"""Error lines as a person reads them in a log: one logical line per error.
-
-Written to a pipe, an error is one line of at most 200 characters; a longer one stands as what, why and next on
-lines of their own (``patch-dsv4: why: ...``, ``patch-dsv4: next: ...``), a part longer than a line folded onto
-lines led by ``patch-dsv4:   ``. :func:`error_lines` checks the width
-and joins those lines back into the one-line form, so that tests read the same text either way.
+"""Error lines as a person reads them: what, why and next on lines of their own (``patch-dsv4: error: ...``,
+``patch-dsv4: why: ...``, ``patch-dsv4: next: ...``), a part longer than a line folded at spaces onto lines led by
+``patch-dsv4:   ``, every line within 80 columns (a word longer than that, a long path, stands whole on its own).
+:func:`error_lines` checks the width and joins those lines back into one line per error, ``what: why (next:
+next)``, so that tests read one text whatever the width.
 """
 
 from __future__ import annotations
 
-MAX_LINE = 200
+MAX_LINE = 80
 
 
 def error_lines(stderr: str) -> list[str]:
     lines = stderr.strip().splitlines()
-    assert all(len(line) <= MAX_LINE for line in lines), stderr
-    joined: list[str] = []
+    assert all(len(line) <= MAX_LINE or len(line.split()) <= 3 for line in lines), stderr
+    errors: list[dict[str, str]] = []  # each: its first line, and its why and next
+    part = None
     for line in lines:
-        if line.startswith("patch-dsv4:   ") and joined:  # a part too long for one line, folded
-            joined[-1] += " " + line[len("patch-dsv4:   ") :]
-        elif line.startswith("patch-dsv4: why: ") and joined:
-            joined[-1] += ": " + line[len("patch-dsv4: why: ") :]
-        elif line.startswith("patch-dsv4: next: ") and joined:
-            joined[-1] += f" (next: {line[len('patch-dsv4: next: ') :]})"
+        if line.startswith("patch-dsv4:   ") and part is not None:  # a part too long for one line, folded
+            errors[-1][part] += " " + line[len("patch-dsv4:   ") :]
+        elif line.startswith(("patch-dsv4: why: ", "patch-dsv4: next: ")) and errors:
+            part = line.split(": ", 2)[1]
+            errors[-1][part] = line.split(": ", 2)[2]
         else:
-            joined.append(line)
-    return joined
+            errors.append({"head": line})
+            part = "head"
+    return [
+        e["head"] + (f": {e['why']}" if "why" in e else "") + (f" (next: {e['next']})" if "next" in e else "")
+        for e in errors
+    ]

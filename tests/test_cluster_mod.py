@@ -99,7 +99,8 @@ def test_a_refusal_stops_the_launch(mod, make_tree):
 def test_an_unknown_opt_in_and_another_fingerprint_stop_the_launch(mod, make_tree):
     tree = make_tree("0.30.0")
     unknown = _launch(mod, tree, PATCH_DSV4_WITH="aux-stream")
-    assert unknown.returncode == 2 and "PATCH_DSV4_WITH names aux-stream" in unknown.stderr
+    said = unknown.stderr.replace("\npatch-dsv4:   ", " ")  # lines folded to 80 columns
+    assert unknown.returncode == 2 and "PATCH_DSV4_WITH=aux-stream: no opt-in patch aux-stream" in said
     assert not (tree / ".patch-dsv4").exists()
     other = _launch(mod, tree, PATCH_DSV4_EXPECT="dsv4:1:aaaaaaaaaaaa:vllm-0.30.0:fi-none:aaaaaaaa::")
     assert other.returncode == 1, other.stderr

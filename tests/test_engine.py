@@ -167,7 +167,7 @@ def test_unknown_patch_id(make_tree, cli):
     tree = make_tree("0.30.0")
     result = cli("apply", "--site-packages", tree, "--only", "no-such-patch")
     assert result.code == 2
-    assert "unknown patch id" in _one_line(result.stderr)
+    assert "--only no-such-patch: no patch no-such-patch" in _one_line(result.stderr)
 
 
 def test_list_shows_every_patch_with_why(cli):

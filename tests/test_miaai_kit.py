@@ -16,7 +16,14 @@ import pytest
 from patch_dsv4.releases.release_wheel import unobtainable
 from patch_dsv4.tree.environment import locate_vllm, record_digest
 from tests import miaai_trees as M
+from tests.errors import error_lines
 from tests.releases import cache_dir, content_snapshot, wheel
+
+
+def _said(result) -> str:
+    """What a command's errors say, each joined into one line (they are folded to 80 columns)."""
+    return "\n".join(error_lines(result.stderr))
+
 
 DSV4 = "vllm/models/deepseek_v4"
 
@@ -86,8 +93,8 @@ def test_sm120_block64_is_taken_over_from_the_wheel(version, make_tree, cli, rel
     if version == "0.30.0":
         assert "plain causal window" in wide["detail"] and wide["verdict"] == "pending"
     asked = cli("apply", "--site-packages", tree, "--with", "aux-streams")
-    assert asked.code == 1 and "another tool's edit" in asked.stderr
-    assert f"restores pip's from backups or the vllm=={version} wheel" in asked.stderr
+    assert asked.code == 1 and "another tool's edit" in _said(asked)
+    assert f"restores pip's from backups or the vllm=={version} wheel" in _said(asked)
     # dry run: the bytes come from the wheel, named
     before = content_snapshot(tree, "vllm")
     dry = cli("takeover", "--site-packages", tree, "--dry-run", "--json")
@@ -151,7 +158,7 @@ def test_a_wheel_of_another_build_is_refused_before_anything_is_written(make_tre
     before = content_snapshot(tree, "vllm")
     refused = cli("takeover", "--site-packages", tree)
     assert refused.code == 1
-    assert f"{M.MTP} is not what pip installed here (its sha256 differs from RECORD)" in refused.stderr
+    assert f"{M.MTP} is not what pip installed here (its sha256 differs from RECORD)" in _said(refused)
     assert content_snapshot(tree, "vllm") == before and not (tree / ".patch-dsv4").exists()
 
 
@@ -210,12 +217,12 @@ def test_the_kit_on_the_nightly_layout(make_tree, cli, release_wheels):
     (slices,) = [e for e in status.patch("exl3-wo-a-slices")["edits"] if e["file"] == M.V41_MODEL]
     assert slices["verdict"] == "foreign" and slices["foreign"] == "patch_exl3_lm_head.py"
     asked = cli("apply", "--site-packages", tree, "--with", "exl3-wo-a-slices")
-    assert asked.code == 1 and "another tool's edit" in asked.stderr
-    assert f"next: patch-dsv4 apply --site-packages {tree} (the other tool's edits stay" in asked.stderr
+    assert asked.code == 1 and "another tool's edit" in _said(asked)
+    assert f"next: patch-dsv4 apply --site-packages {tree} (the other tool's edits stay" in _said(asked)
     before = content_snapshot(tree, "vllm")
     refused = cli("takeover", "--site-packages", tree)
-    assert refused.code == 1 and f"cannot take over {M.V41_MODEL}" in refused.stderr
-    assert "patch_exl3_lm_head.py (MiaAI-Lab kit)'s edit" in refused.stderr and "never removes" in refused.stderr
+    assert refused.code == 1 and f"cannot take over {M.V41_MODEL}" in _said(refused)
+    assert "patch_exl3_lm_head.py (MiaAI-Lab kit)'s edit" in _said(refused) and "never removes" in _said(refused)
     assert content_snapshot(tree, "vllm") == before
     done = cli("apply", "--site-packages", tree, "--json")
     assert done.code == 0, done.stderr

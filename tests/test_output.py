@@ -22,6 +22,7 @@ from patch_dsv4.output.render import short_path
 from patch_dsv4.patches.stream_load import VL_MODEL
 from patch_dsv4.patches.wide_swa import FLASHINFER_SPARSE
 from tests.conftest import ROOT, run_cli
+from tests.errors import error_lines
 from tests.releases import content_snapshot, copy_tree, hand_edit, pristine_tree, wheel
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -34,9 +35,9 @@ ROWS = {
     "0.28.0": [
         "  aux-streams       opt-in          apply --with aux-streams to use it",
         "  dense-exl3        opt-in          apply --with dense-exl3 to use it",
-        "  dtype-policy      pending         needed: apply patches 2 files",
+        "  dtype-policy      pending         needed: 2 files to patch",
         "  exl3-wo-a-slices  opt-in          apply --with exl3-wo-a-slices to use it",
-        "  loader-skips      pending         needed: apply patches 2 files",
+        "  loader-skips      pending         needed: 2 files to patch",
         "  stream-load       not-applicable  no vision class in this release",
         "  wide-swa          not-applicable  prefill window rows stay window_size...",
     ],
@@ -46,8 +47,8 @@ ROWS = {
         "  dtype-policy      upstream  fixed in nvidia/ops/o_proj.py",
         "  exl3-wo-a-slices  opt-in    apply --with exl3-wo-a-slices to use it",
         "  loader-skips      upstream  fixed in common/vl_model.py +3 more",
-        "  stream-load       pending   needed: apply patches 3 files",
-        "  wide-swa          pending   needed: apply patches 2 files",
+        "  stream-load       pending   needed: 3 files to patch",
+        "  wide-swa          pending   needed: 2 files to patch",
     ],
 }
 
@@ -82,8 +83,9 @@ def test_a_drifted_patch_says_where_at_once_and_the_code_under_v(make_tree, cli)
     assert lines[row + 2].startswith("  wide-swa ")  # V4.1's files are untouched: one line, for the one file
     assert anchor not in "\n".join(lines)  # the expected/found block is under -v
     verbose = cli("status", "--site-packages", tree, "-v").stdout.splitlines()
-    at = verbose.index("      in common/vl_model.py:DeepseekV4ForConditionalGeneration.load_weights, expected:")
-    assert verbose[at + 1 : at + 4] == [
+    at = verbose.index("      in common/vl_model.py:DeepseekV4ForConditionalGeneration.load_weights")
+    assert verbose[at + 1 : at + 5] == [
+        "      expected:",
         f"        {anchor}",
         "      found:",
         "        mapped = iter(sorted(mapped, key=lambda x: (x[0], 0)))",
@@ -186,8 +188,10 @@ def test_errors_on_a_terminal_are_what_why_next_lines(make_tree):
     lines = out.strip().splitlines()
     # a comment added elsewhere changes no verdict, but the file is not pip's: apply refuses to write it
     assert lines[0].startswith(f"patch-dsv4: error: refusing to patch {VL_MODEL}")
-    assert lines[1].startswith("  why:") and lines[2].startswith("  next:")
-    assert all(len(line) < 200 for line in lines)
+    # the layout of every error, on a terminal as on a pipe: labelled lines within 80 columns
+    assert lines[1].startswith("patch-dsv4: why: ")
+    assert any(line.startswith("patch-dsv4: next: ") for line in lines[2:])
+    assert all(len(line) <= 80 for line in lines)
 
 
 # -- the next command, naming the target as the user did --------------------------------------
@@ -228,18 +232,19 @@ def test_failures_name_the_next_command_for_the_same_target(kind, three_targets)
     verify = _run(["verify", *args], env_extra)
     code = getattr(verify, "code", getattr(verify, "returncode", None))
     assert code == 1
-    assert f"patch-dsv4: run: patch-dsv4 apply{target_args}\n" in verify.stderr, verify.stderr
+    assert error_lines(verify.stderr)[-1].endswith(f"(next: patch-dsv4 apply{target_args})"), verify.stderr
 
     hand_edit(tree / VL_MODEL, (tree / VL_MODEL).read_text() + "\n# a local hotfix\n")
     refused = _run(["apply", *args], env_extra)
     assert getattr(refused, "code", getattr(refused, "returncode", None)) == 1
+    (said,) = error_lines(refused.stderr)
     if kind == "site-packages":
-        assert f"pip install --no-deps --force-reinstall --upgrade --target {tree} vllm==0.30.0" in refused.stderr
+        assert f"pip install --no-deps --force-reinstall --upgrade --target {tree} vllm==0.30.0" in said
     elif kind == "python":
-        assert f"{args[1]} -m pip install --no-deps --force-reinstall vllm==0.30.0" in refused.stderr
+        assert f"{args[1]} -m pip install --no-deps --force-reinstall vllm==0.30.0" in said
     else:
-        assert f"{sys.executable} -m pip install --no-deps --force-reinstall vllm==0.30.0" in refused.stderr
-    assert "apply --force" in refused.stderr
+        assert f"{sys.executable} -m pip install --no-deps --force-reinstall vllm==0.30.0" in said
+    assert "apply --force" in said
 
 
 def test_a_hand_edit_elsewhere_is_said_once_and_changes_no_other_verdict(make_tree, monkeypatch):
@@ -266,7 +271,7 @@ def test_a_hand_edited_patched_file_has_a_way_out_that_loses_nothing(make_tree, 
     edited = (tree / VL_MODEL).read_text() + "\n# my fix, keep it somewhere\n"
     hand_edit(tree / VL_MODEL, edited)
     verify = cli("verify", "--site-packages", tree)
-    assert verify.code == 1 and f"revert --discard-local-edits --site-packages {tree}" in verify.stderr
+    assert verify.code == 1 and f"revert --discard-local-edits --site-packages {tree}" in error_lines(verify.stderr)[-1]
     refused = cli("revert", "--site-packages", tree)
     assert refused.code == 1 and "--discard-local-edits" in refused.stderr
     out = cli("revert", "--site-packages", tree, "--discard-local-edits", "--json")
@@ -353,11 +358,12 @@ def test_dash_h_is_help_everywhere(command):
 def test_a_stray_positional_names_the_option_it_meant(tmp_path):
     result = run_cli("status", tmp_path)
     assert result.code == 2 and result.stdout == ""
-    assert f"status takes no positional argument ({tmp_path})" in result.stderr
-    assert f"next: patch-dsv4 status --site-packages {tmp_path}" in result.stderr
+    (said,) = error_lines(result.stderr)
+    assert f"status takes no positional argument ({tmp_path})" in said
+    assert f"next: patch-dsv4 status --site-packages {tmp_path}" in said
     wheel_file = run_cli("drift", tmp_path / "vllm-0.30.0-py3-none-any.whl", "--json")
-    assert wheel_file.code == 2 and "drift --wheel " in wheel_file.stderr and wheel_file.json()["error"]
-    assert "Got unexpected extra argument" in run_cli("list", "extra").stderr  # no target to name there
+    assert wheel_file.code == 2 and "drift --wheel " in error_lines(wheel_file.stderr)[0] and wheel_file.json()["error"]
+    assert "no patch extra: the patches are " in error_lines(run_cli("list", "extra").stderr)[0]  # patch ids
 
 
 # -- progress ------------------------------------------------------------------------------
@@ -374,7 +380,9 @@ def test_a_lock_wait_says_who_holds_the_lock(make_tree):
     result = run_cli("apply", "--site-packages", tree, "-q")
     assert result.code == 0, result.stderr
     assert time.monotonic() - started >= 2.0
-    assert "waiting for the environment's lock, held by pid 4242 since 2026-11-30 08:00:00" in result.stderr
+    said = result.stderr.replace("\npatch-dsv4:   ", " ")  # a line folded to 80 columns
+    assert "waiting for the environment's lock, held by pid 4242 since 2026-11-30 08:00:00" in said
+    assert all(len(line) <= 80 for line in result.stderr.splitlines())
 
 
 def test_a_lock_never_freed_times_out_naming_the_holder(make_tree):
@@ -389,7 +397,7 @@ def test_a_lock_never_freed_times_out_naming_the_holder(make_tree):
     finally:
         os.close(fd)
     assert result.code == 2
-    assert "held by pid 4242" in result.stderr and all(len(line) <= 200 for line in result.stderr.splitlines())
+    assert "held by pid 4242" in error_lines(result.stderr)[0]
 
 
 # -- the JSON contract ---------------------------------------------------------------------

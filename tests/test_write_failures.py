@@ -186,8 +186,9 @@ def test_immutable_target_is_refused_before_anything_changes(make_tree):
         original = content_snapshot(tree)
         result = run_cli("apply", "--site-packages", tree)
         _unchanged(tree, original, result)
-        line = _one_line(result)
-        assert FLASHINFER_SPARSE in line and "Operation not permitted" in line
+        line = _one_line(result)  # the cause, and what removes it (then the same command)
+        assert f"{FLASHINFER_SPARSE}: Operation not permitted: the file is immutable (chattr +i; lsattr" in line
+        assert line.endswith(f"(next: chattr -i {target}, then patch-dsv4 apply --site-packages {tree})")
     finally:
         subprocess.run(["chattr", "-i", str(target)], check=True)
 
@@ -268,7 +269,9 @@ def test_root_owned_package_for_a_user_is_refused_before_anything_changes():
         )
         assert result.returncode == 2, result.stderr
         assert "Traceback" not in result.stderr and len(error_lines(result.stderr)) == 1, result.stderr
-        assert "Permission denied" in result.stderr
+        said = error_lines(result.stderr)[0]  # who may not write what, and who may
+        assert f"uid {uid} may not write {tree}/vllm/models/deepseek_v4/" in said and "(owner root, mode " in said
+        assert said.endswith(f"(next: patch-dsv4 apply --site-packages {tree}, as root)")
         assert content_snapshot(tree) == original
         assert not (tree / ".patch-dsv4").exists() and not (tree / ".patch-dsv4.lock").exists()
     finally:

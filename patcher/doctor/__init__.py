@@ -5,16 +5,7 @@ Every check is one function registered with :func:`base.check`; it reads files,
 vLLM, exllamav3 or the plugin, never loads a weight, never writes to the pack)
 and returns :class:`base.Row` s. :func:`base.run_checks` runs them all.
 
-The checks, one module per concern, in report order (``run.CHECK_MODULES``):
-    config   config.json and its quantization block
-    shards   the shard files, the index, the links
-    experts  every routed expert present, shaped as the config says, one K per layer
-    bits     the declared K per layer, the codebook markers
-    dense    the weights outside the routed experts, the MTP draft, the delegate
-    model    the model keys against the serving vLLM and flags
-    runtime  the serving interpreter's packages
-    environ  environment variables and serve flags
-    host     the GPUs, memory, page cache
+The checks, one module per concern, are listed once, in report order, by ``checks.MODULES``.
 What they share: ``pack`` (the pack read once), ``safetensors`` (the header reader),
 ``serving_env`` (where the serving interpreter finds things), ``base`` (rows, context).
 ``fix_config`` writes the config edits the pack rows ask for; ``run`` runs doctor.

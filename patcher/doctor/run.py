@@ -13,77 +13,28 @@ import platform
 import re
 import shlex
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from patch_dsv4.doctor.checks import MODULES
 from patch_dsv4.doctor.readers.base import (
     CHECKS,
     FAIL,
     INFO,
-    STATUSES,
     CheckSpec,
     DoctorContext,
     Row,
     Runtime,
+    Status,
     check,
     clip,
     run_checks,
 )
-from patch_dsv4.doctor.readers.family import V4
 from patch_dsv4.output.errors import EXIT_NEEDS_ACTION, EXIT_OK, EnvironmentProblem
 
 if TYPE_CHECKING:  # an annotation only: the pack's checks need not import pip's metadata readers (~0.06 s)
     from patch_dsv4.tree.environment import Environment
-
-# The check modules, in report order; importing one registers its checks (base.check).
-PACK_CHECK_MODULES = (
-    "v41_config",  # v41.config, v41.delegate (DeepSeek-V4.1 packs only)
-    "config",  # pack.config, pack.text-config, quant.method, quant.bits, quant.codebook
-    "shards",  # pack.shards, pack.index, pack.symlinks
-    "experts",  # experts.complete, experts.shapes, experts.one-k, quant.layer-bits, experts.markers
-    "v41_tensors",  # v41.pack-kind, v41.engram-tables, v41.backbone, v41.experts, v41.vision (V4.1 only)
-    "dense",  # dense.policy, mtp.format, quant.delegate, dense.exl3-map, dense.wo-a-slices
-    "model",  # config.topk-method, config.hash-layers, config.vision, config.spec-k
-)
-CHECK_MODULES = (
-    *PACK_CHECK_MODULES,
-    "runtime",  # rt.*: the serving interpreter's packages (vLLM, FlashInfer, exllamav3, the plugin, torch)
-    "v41_serving",  # v41.*: DSpark, EP filter, topology, indexer top-k, streams, FlashInfer (V4.1 only)
-    "v41_engram",  # v41.engram-capacity: the Engram tables against the host (V4.1 only)
-    "overlay",  # rt.overlay-imports: files of vLLM overlaid from another vLLM, and the names they lack
-    "environ",  # env.*: environment variables and serve flags against this vLLM and pack
-    "host",  # host.*: the GPUs, memory, page cache, the pack's size
-)
-# The DeepSeek-V4 rows that do not apply to a V4.1 pack (a v41.* row judges the same thing from V4.1's
-# facts, v41-packs.md §1.1, §2, §4): left out of a V4.1 pack's report. The v41_* modules register theirs
-# with family="v41".
-V4_ONLY = frozenset(
-    {
-        "pack.config",  # v41.config
-        "pack.text-config",  # V4.1's text_config is its layout, not a fault
-        "quant.bits",  # per-tensor K in V4.1 packs (SAGE mixes K1-K6 in a layer): v41.experts
-        "quant.layer-bits",
-        "experts.complete",  # the draft has dspark_n_routed_experts, not n_routed_experts: v41.experts
-        "experts.shapes",
-        "experts.one-k",
-        "dense.policy",  # V4.1's delegate is deepseek_v4_fp8 [32, 32]: v41.delegate
-        "mtp.format",
-        "quant.delegate",
-        "dense.exl3-map",  # non_routed_exl3 is V4's; V4.1 packs say it in their headers: v41.pack-kind
-        "dense.wo-a-slices",
-        "config.topk-method",  # read through the flattened config by v41.config
-        "config.hash-layers",  # V4.1 has no hash layers
-        "config.vision",  # v41.vision
-        "config.spec-k",  # v41.topology (DSpark only)
-        "env.shared-stream",  # v41.shared-stream, from the headers
-        "env.aux-streams",  # v41.aux-streams (the compressor only)
-        "env.dense-exl3",  # v41.pack-kind
-        "rt.flashinfer",  # v41.flashinfer (V4.1 decodes with sliding_window, not index_topk)
-        "host.kv-budget",  # V4's 43 x (512 + 64) bytes a token; V4.1's memory: v41.engram-capacity
-        "host.sorted-load",  # V4's vision class
-    }
-)
 
 
 # The report's first row, about the run itself: registered here, before the check modules are imported.
@@ -107,22 +58,20 @@ def check_source(ctx: DoctorContext) -> list[Row]:
 
 
 def _register_checks() -> None:
-    """Import the check modules: registration order is report order (pack, runtime, environment, host)."""
-    for name in CHECK_MODULES:
+    """Import the check modules (checks.MODULES): registration order is report order (pack, runtime,
+    environment, host)."""
+    for name, _, _ in MODULES:
         importlib.import_module(f"{__package__}.checks.{name}")
-    # Report order is CHECK_MODULES' order, whichever module another import registered first (a check module
+    # Report order is MODULES' order, whichever module another import registered first (a check module
     # may import another); within a module, the order its checks are defined in. run's own row comes first.
-    rank = {f"{__package__}.checks.{name}": i for i, name in enumerate(CHECK_MODULES)}
+    rank = {f"{__package__}.checks.{name}": i for i, (name, _, _) in enumerate(MODULES)}
     CHECKS.sort(key=lambda spec: rank.get(spec.fn.__module__, -1))
-    for i, spec in enumerate(CHECKS):
-        if spec.id in V4_ONLY and spec.family is None:
-            CHECKS[i] = replace(spec, family=V4)
 
 
 def pack_checks() -> list[CheckSpec]:
     """The pack's checks (the modules that read only the pack, its config and vLLM's files), in report order."""
     _register_checks()
-    modules = {f"{__package__}.checks.{name}" for name in PACK_CHECK_MODULES}
+    modules = {f"{__package__}.checks.{name}" for name, pack_only, _ in MODULES if pack_only}
     return [spec for spec in CHECKS if spec.fn.__module__ in modules]
 
 
@@ -140,7 +89,7 @@ class DoctorReport:
 
     @property
     def summary(self) -> str:
-        counts = {s: sum(r.status == s for r in self.rows) for s in STATUSES}
+        counts = {s: sum(r.status == s for r in self.rows) for s in Status}
         text = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
         verdict = "will not serve as it is" if self.exit_code else "no check fails"
         return f"doctor: {text}; {verdict}"
@@ -216,11 +165,19 @@ def runtime_for(env: Environment) -> Runtime:
     )
 
 
-def doctor(env: Environment, pack: str | Path | None, serve_args: str | None, fix_config: bool = False) -> DoctorReport:
+def doctor(
+    env: Environment,
+    pack: str | Path | None,
+    serve_args: str | None,
+    fix_config: bool = False,
+    hub_timeout: float | None = None,
+    progress: bool = False,
+) -> DoctorReport:
     """Every check on ``env``, ``pack``, ``os.environ`` and the intended ``vllm serve`` arguments.
 
     ``pack`` is a directory, or ``hf://OWNER/NAME[@REVISION]`` for a pack on the Hub
-    (read there, never downloaded: source.py, hub.py).
+    (read there, never downloaded: source.py, hub.py), within ``hub_timeout`` seconds
+    (None: hub.hub_deadline's default), shown on a terminal where ``progress``.
     With ``fix_config``, the config edits the pack rows ask for are written first
     (a backup of the original kept in the pack), and the checks see the result;
     for a pack on the Hub they are printed, not written.
@@ -229,7 +186,9 @@ def doctor(env: Environment, pack: str | Path | None, serve_args: str | None, fi
 
     source = None
     if isinstance(pack, str) and is_hub_pack(pack):
-        source = open_source(pack)  # the revision resolved, the files listed; EnvironmentProblem when it cannot be
+        # its first requests made; they are answered while this environment is read (EnvironmentProblem when
+        # the Hub cannot be read: at _read_hub_pack)
+        source = open_source(pack, hub_timeout, progress, wait=False)
     elif pack is not None:
         pack = Path(pack)
         try:
@@ -255,6 +214,7 @@ def doctor(env: Environment, pack: str | Path | None, serve_args: str | None, fi
         pack=source if source is not None else pack, runtime=runtime_for(env), environ=dict(os.environ), serve_args=args
     )
     if source is not None:
+        _register_checks()  # the check modules imported while the Hub answers too
         _read_hub_pack(ctx)
     if fix_config:
         from patch_dsv4.doctor.fix_config import fix_config as write_fixes
@@ -273,20 +233,34 @@ def _read_hub_pack(ctx: DoctorContext) -> None:
     from patch_dsv4.doctor.readers.base import PackUnreadable
     from patch_dsv4.doctor.readers.pack import pack_index, pack_scan
 
+    source = ctx.source
     try:
-        ctx.config()
-    except PackUnreadable:
-        pass  # pack.config reports it
-    pack_index(ctx)
-    pack_scan(ctx)
+        try:
+            ctx.config()
+        except PackUnreadable:
+            pass  # pack.config reports it
+        source.prefetch_headers(pack_index(ctx).weight_map)  # every header asked for at once, sized from the index
+        pack_scan(ctx)
+    finally:
+        source.finish()
 
 
-def doctor_command(site_packages, python, pack, serve_args, fix_config: bool, fmt: str, verbosity: int) -> int:
+def doctor_command(
+    site_packages,
+    python,
+    pack,
+    serve_args,
+    fix_config: bool,
+    fmt: str,
+    verbosity: int,
+    hub_timeout: float | None = None,
+) -> int:
     """``patch-dsv4 doctor`` from its options (strings or paths), rendered; its exit status."""
     from patch_dsv4.output.render import render_doctor
     from patch_dsv4.tree.environment import locate_vllm
 
     env = locate_vllm(None if site_packages is None else Path(site_packages), python)
-    report = doctor(env, None if pack is None else str(pack), serve_args, fix_config)
+    # what doctor reads from the Hub is shown on a terminal (stderr), never on a pipe or with -q
+    report = doctor(env, None if pack is None else str(pack), serve_args, fix_config, hub_timeout, verbosity >= 0)
     render_doctor(report, fmt, verbosity)
     return report.exit_code

@@ -254,11 +254,17 @@ def _evidence(patch: dict, verbose: bool) -> list[str]:
 
 
 def _short_paths_in(sentence: str) -> str:
-    """A sentence with every model-package path in the short form :func:`short_path` gives."""
+    """A sentence with every model-package path in the short form :func:`short_path` gives (one that names V4's
+    package from ``deepseek_v4/`` on, as some evidence does, too: a file is named one way)."""
     sentence = sentence.replace(PACKAGE_PREFIX, "")
     for prefix in V41_PREFIXES:
         sentence = sentence.replace(prefix, prefix[len("vllm/models/") :])
-    return sentence
+    key, kept, at = "deepseek_v4/", [], 0
+    while (found := sentence.find(key, at)) >= 0:
+        starts_a_path = found == 0 or not (sentence[found - 1].isalnum() or sentence[found - 1] in "_./")
+        kept.append(sentence[at:found] if starts_a_path else sentence[at : found + len(key)])
+        at = found + len(key)
+    return "".join(kept) + sentence[at:]
 
 
 def _merge_shared_reasons(sentences: list[str]) -> list[str]:
@@ -293,7 +299,7 @@ def text_lines(doc: dict, style: Style, per_patch: Callable[[str], list[str]] | 
     sentence of evidence and the expected/found code: :func:`verbose_lines`.
     """
     if style.verbosity < 0:
-        return [doc["summary"]]
+        return _wrap(doc["summary"], style.width, "")
     if style.verbosity > 0:
         return verbose_lines(doc, style, per_patch)
     lines = _head(doc, style)
@@ -329,7 +335,7 @@ def text_lines(doc: dict, style: Style, per_patch: Callable[[str], list[str]] | 
     for note in doc["notes"]:
         if build is None or note != build["detail"]:  # said once, above
             lines.extend(_wrap(f"note: {note}", style.width, ""))
-    lines.append(doc["summary"])
+    lines.extend(_wrap(doc["summary"], style.width, ""))
     return lines
 
 
@@ -338,7 +344,11 @@ def _head(doc: dict, style: Style) -> list[str]:
     fi = doc["flashinfer_version"] or "none"
     if doc["flashinfer_source"]:
         fi += f", {doc['flashinfer_source']}"
-    lines = _wrap(f"vLLM {doc['vllm_version']} (FlashInfer {fi}) at {doc['target']}", style.width, "")
+    release = f"vLLM {doc['vllm_version']} (FlashInfer {fi})"
+    if len(release) + 4 + len(doc["target"]) <= style.width:
+        lines = [f"{release} at {doc['target']}"]
+    else:  # where it is, on a line of its own: "at wheel NAME" is never split
+        lines = [release, *_wrap_fitting(f"at {doc['target']}", style.width, "", "")]
     facts = []
     if doc["build"] is not None:
         facts.append("known build" if doc["build"]["known"] else "unknown build")
@@ -359,6 +369,14 @@ def fit(text: str, room: int) -> str:
     return cut.rstrip(" ,;:(") + "..."
 
 
+def _fields(fingerprint: str, room: int) -> str:
+    """A fingerprint whole if it fits in ``room`` columns, else cut after a field (``dsv4:1:HEAD:...:...``)."""
+    if len(fingerprint) <= room:
+        return fingerprint
+    cut = fingerprint[: room - 3]
+    return cut[: cut.rindex(":") + 1] + "..." if ":" in cut else cut + "..."
+
+
 def _plural(n: int, word: str) -> str:
     return f"{n} {word}" + ("" if n == 1 else "s")
 
@@ -371,6 +389,10 @@ _NEEDS = {
 }
 
 
+#: How a modified edit's evidence says that its file changed elsewhere (patch_dsv4.pipeline.judge.state_reports).
+_OUTSIDE = " changed outside our edit ("
+
+
 def reason_text(patch: dict) -> str:
     """Why a patch has its verdict, in a few words: what ``status`` prints beside it."""
     verdict = patch["verdict"]
@@ -381,9 +403,11 @@ def reason_text(patch: dict) -> str:
             return f"another tool's edit: takeover --with {patch['id']}"
         return f"apply --with {patch['id']} to use it"
     if verdict == "pending":
-        return f"needed: apply patches {_plural(len(files), 'file')}"
+        return f"needed: {_plural(len(files), 'file')} to patch"
     if verdict == "applied":
         return f"our edit, intact, in {_plural(len(files), 'file')}"
+    if verdict == "modified" and deciding and all(_OUTSIDE in e["detail"] for e in deciding):
+        return "its file changed, outside our edit"
     if verdict in _NEEDS:
         return _NEEDS[verdict]
     sentences = [_short_paths_in(e["detail"]) for e in deciding if e["detail"]] or [_short_paths_in(patch["detail"])]
@@ -504,20 +528,26 @@ def verbose_lines(doc: dict, style: Style, per_patch: Callable[[str], list[str]]
             lines.extend(_wrap(files, style.width, " " * (len(head) + verdict_width)))
         for sentence in _evidence(patch, True):
             lines.extend(_wrap_fitting(sentence, style.width, "      "))
-        for extra in per_patch(patch["id"]) if per_patch is not None else ():
+        for extra in per_patch(patch["id"], True) if per_patch is not None else ():
             lines.extend(_wrap_fitting(extra, style.width, "      "))
         for edit in patch["edits"]:
             if _is_shown_in_full(edit):
-                lines.append(f"      in {short_path(edit['file'])}:{edit['scope']}, expected:")
-                lines.extend("        " + line for line in edit["expected"].splitlines())
+                import textwrap  # only where code is shown
+
+                lines.extend(_wrap_fitting(f"in {short_path(edit['file'])}:{edit['scope']}", style.width, "      "))
+                lines.append("      expected:")
+                lines.extend("        " + line for line in textwrap.dedent(edit["expected"]).splitlines())
                 if edit["found"] is not None:
                     lines.append("      found:")
-                    lines.extend("        " + line for line in edit["found"].splitlines()[:12])
+                    lines.extend("        " + line for line in textwrap.dedent(edit["found"]).splitlines()[:12])
     if build is not None:
         lines.extend(_wrap(build["detail"], style.width, ""))
     if doc.get("fingerprint"):
-        # on a line of its own, never folded (people copy it whole), indented as the code shown above
-        lines += ["fingerprint of what this tree serves:", f"        {doc['fingerprint']}"]
+        # its head (equal heads, equal trees) and versions, cut at a field: the whole is for copying, on its own
+        lines += [
+            "fingerprint of what this tree serves (status --fingerprint prints it whole):",
+            "  " + _fields(doc["fingerprint"], style.width - 2),
+        ]
     if doc["changed_files"]:
         lines.append(f"{'restored' if doc['command'] == 'revert' else 'wrote'} {len(doc['changed_files'])} file(s):")
         lines.extend(f"  {relpath}" for relpath in doc["changed_files"])
@@ -527,8 +557,74 @@ def verbose_lines(doc: dict, style: Style, per_patch: Callable[[str], list[str]]
         lines.extend(_wrap(f"your edit is saved as {saved}", style.width, ""))
     for note in doc["notes"]:
         lines.extend(_wrap(f"note: {note}", style.width, ""))
-    lines.append(doc["summary"])
+    lines.extend(_wrap(doc["summary"], style.width, ""))
     return lines
+
+
+# -- list ------------------------------------------------------------------------------------
+def list_lines(patches: list[tuple], style: Style) -> list[str]:
+    """``list``: a line per patch (``patches``: (id, opt_in, title, why, files) each): its id, whether it is an
+    opt-in, its title (cut to the width: ``list ID`` says it all), then a closing line."""
+    id_width = max((len(p[0]) for p in patches), default=0) + 2
+    lines = []
+    for pid, opt_in, title, _why, _files in patches:
+        head = f"{pid:<{id_width}}{'opt-in' if opt_in else 'default':<9}"
+        lines.append(head + fit(_title(title, opt_in), style.width - len(head)))
+    opt_ins = sum(1 for p in patches if p[1])
+    lines.extend(
+        _wrap(
+            f"list: {len(patches)} patches, {opt_ins} opt-in; what each fixes and why: patch-dsv4 list ID (or -v)",
+            style.width,
+            "",
+        )
+    )
+    return lines
+
+
+def _title(title: str, opt_in: bool) -> str:
+    """A title without the ``opt-in:`` its column says already."""
+    return title[len("opt-in: ") :] if opt_in and title.startswith("opt-in: ") else title
+
+
+def why_lines(patches: list[tuple], style: Style) -> list[str]:
+    """``list -v`` or ``list ID``: each patch's id and title, then its prose (the module's docstring) wrapped to
+    the width, its files, and how to use it if it is an opt-in."""
+    lines: list[str] = []
+    for pid, opt_in, title, why, files in patches:
+        if lines:
+            lines.append("")
+        lines.extend(_wrap(f"{pid}: {_title(title, opt_in)}" + (" (opt-in)" if opt_in else ""), style.width, ""))
+        for paragraph in _paragraphs(why):
+            lines.append("")
+            bullet = paragraph.startswith("- ")
+            body = paragraph[2:] if bullet else paragraph
+            wrapped = _wrap(body, style.width - 4 - (2 if bullet else 0), "")
+            lines.extend(
+                ("    - " if bullet and i == 0 else "      " if bullet else "    ") + line
+                for i, line in enumerate(wrapped)
+            )
+        lines.append("")
+        lines.extend(_wrap_fitting(f"files: {', '.join(short_path(f) for f in files)}", style.width, "    "))
+        if opt_in:
+            lines.extend(_wrap(f"use it: patch-dsv4 apply --with {pid}", style.width, "    "))
+    return lines
+
+
+def _paragraphs(text: str) -> list[str]:
+    """Prose as paragraphs and list items, each one line (a ``- `` item is a paragraph of its own)."""
+    found: list[str] = []
+    current: list[str] = []
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith("- "):
+            if current:
+                found.append(" ".join(current))
+            current = [line] if line else []
+        else:
+            current.append(line)
+    if current:
+        found.append(" ".join(current))
+    return found
 
 
 # -- markdown ----------------------------------------------------------------------------------
@@ -620,8 +716,53 @@ def render(document, fmt: str, verbosity: int = 0) -> None:
     stream.write("\n".join(text_lines(doc, style, getattr(document, "fingerprint_lines", None))) + "\n")
 
 
+#: Where a message's part continues on the next line (README, "Errors").
+CONTINUED = "patch-dsv4:   "
+#: The longest word a message keeps whole (a path, a command); a longer one (a value pasted by mistake) is cut.
+_LONGEST = 160
+
+
+def message_lines(parts: Iterable[tuple[str, str]], width: int = 80) -> list[str]:
+    """A message for people on stderr, the one layout of every error and refusal: each part on lines of its own,
+    led by ``patch-dsv4: <label>:`` (``error``, ``why``, ``next``), folded at spaces to ``width`` onto lines led by
+    :data:`CONTINUED` (a flag or a path is never folded: a word longer than a line stands whole)."""
+    import textwrap
+
+    lines: list[str] = []
+    for label, text in parts:
+        if text:
+            words = [w[i : i + _LONGEST] for w in text.split() for i in range(0, len(w), _LONGEST)]
+            lines += textwrap.wrap(
+                " ".join(words),
+                width,
+                initial_indent=f"patch-dsv4: {label}: " if label else "patch-dsv4: ",
+                subsequent_indent=CONTINUED,
+                break_long_words=False,
+                break_on_hyphens=False,
+            )
+    return lines
+
+
+def error_text(what: str, why: str = "", next_step: str = "", width: int = 80) -> str:
+    """An expected error: what failed, why, and the command to run next (:func:`message_lines`)."""
+    return "\n".join(message_lines((("error", what), ("why", why), ("next", next_step)), width)) + "\n"
+
+
+def stderr_width() -> int:
+    """The width of stderr's lines: 80 columns, fewer on a narrower terminal."""
+    tty = hasattr(sys.stderr, "isatty") and sys.stderr.isatty()
+    return max(40, min(80, _terminal_width(sys.stderr))) if tty else 80
+
+
+def say(text: str, label: str = "") -> None:
+    """A line for a person on stderr (progress, a note beside the report), in the layout of :func:`message_lines`."""
+    sys.stderr.write("\n".join(message_lines(((label, text),), stderr_width())) + "\n")
+    sys.stderr.flush()
+
+
 def write_failure(report) -> None:
-    """On stderr, which patches failed and the command that resolves them (verify's and drift's exit 1).
+    """On stderr, which patches failed and the command that resolves them (verify's and drift's exit 1), in the
+    layout of every error (:func:`message_lines`).
 
     ``report``: a report's document, or a report with ``to_json``.
     """
@@ -629,17 +770,30 @@ def write_failure(report) -> None:
     bad = [p for p in doc["patches"] if p["verdict"] in NEEDS_ACTION]
     if not bad and not doc["next"]:
         return
+    parts = []
     for patch in bad:
-        files = ", ".join(short_path(f) for f in patch["files"])
-        sys.stderr.write(f"patch-dsv4: {patch['id']} is {_shown(patch)}" + (f" ({files})" if files else "") + "\n")
+        deciding = [e["file"] for e in patch["edits"] if e["verdict"] == patch["verdict"]] or patch["files"]
+        files = [short_path(f) for f in dict.fromkeys(deciding)]
+        where = f" in {files[0]}" + (f" and {_plural(len(files) - 1, 'more file')}" if len(files) > 1 else "")
+        parts.append(("error", f"{patch['id']} is {_shown(patch)}" + (where if files else "")))
     if doc["next"]:
-        sys.stderr.write(f"patch-dsv4: run: {doc['next']}\n")
+        parts.append(("next", doc["next"]))
+    sys.stderr.write("\n".join(message_lines(parts, stderr_width())) + "\n")
 
 
 def doctor_lines(report, style: Style) -> list[str]:
     """doctor for people: a row per check (status, id, what was read), the fix under every warn and fail."""
-    if style.verbosity < 0:
-        return [f"{r.status.upper():<5} {r.id}: {r.fix}" for r in report.rows if r.status == "fail"] + [report.summary]
+    if style.verbosity < 0:  # the fails and their fixes, each wrapped at spaces under its first line
+        import textwrap
+
+        lines = []
+        for row in report.rows:
+            if row.status == "fail":
+                text = f"{row.status.upper():<5} {row.id}: {row.fix}"
+                lines += textwrap.wrap(
+                    text, style.width, subsequent_indent=" " * 6, break_long_words=False, break_on_hyphens=False
+                )
+        return [*lines, *_wrap(report.summary, style.width, "")]
     head = f"vLLM {report.vllm_version} at {report.target}" + (
         f"; pack {report.pack}" if report.pack else "; no --pack"
     )
@@ -670,18 +824,18 @@ def render_doctor(report, fmt: str, verbosity: int = 0) -> None:
     fixed = report.fixed
     if fixed is not None:
         if fixed.refused:
-            sys.stderr.write(f"patch-dsv4: --fix-config wrote nothing: {fixed.refused}\n")
+            say(f"--fix-config wrote nothing: {fixed.refused}")
         elif fixed.diff and not getattr(fixed, "written", True):
             sys.stdout.write(fixed.diff)
-            sys.stderr.write(
-                f"patch-dsv4: --fix-config wrote nothing: {report.pack} is on the Hub; make these edits in the "
-                "downloaded pack (or run doctor --fix-config on its directory)\n"
+            say(
+                f"--fix-config wrote nothing: {report.pack} is on the Hub; make these edits in the downloaded pack "
+                "(or run doctor --fix-config on its directory)"
             )
         elif fixed.diff:
             sys.stdout.write(fixed.diff)
-            sys.stderr.write(f"patch-dsv4: wrote {fixed.config}; the original is kept as {fixed.backup}\n")
+            say(f"wrote {fixed.config}; the original is kept as {fixed.backup}")
         else:
-            sys.stderr.write("patch-dsv4: --fix-config: config.json needs no change\n")
+            say("--fix-config: config.json needs no change")
     if fmt == "markdown":
         lines = [
             f"**patch-dsv4 doctor**: vLLM {report.vllm_version}, pack `{report.pack}`",

@@ -328,7 +328,9 @@ class Patch:
 
     ``id`` (lower-case words joined by dashes), ``title`` (one line), ``edits``
     (the edits; edits of one scope need disjoint anchors), ``opt_in`` (applied only when
-    asked for with ``apply --with ID``). Its "why", shown by ``patch-dsv4 list``,
+    asked for with ``apply --with ID``), ``serve_impact`` (what serving without it does,
+    as the user meets it after the load: one clause, which doctor's rt.patches prints for
+    a patch that is needed and missing). Its "why", shown by ``patch-dsv4 list``,
     is its module's docstring. Patches apply in the order of their ids.
     """
 
@@ -336,6 +338,7 @@ class Patch:
     title: ClassVar[str]
     edits: ClassVar[tuple[Edit, ...]]
     opt_in: ClassVar[bool] = False
+    serve_impact: ClassVar[str | None] = None
 
     @classmethod
     def why(cls) -> str:

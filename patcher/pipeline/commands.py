@@ -18,12 +18,12 @@ from dataclasses import replace
 
 from patch_dsv4.fastpath import quick
 from patch_dsv4.fastpath.serving import Fingerprint, of_recorded
-from patch_dsv4.output.errors import EXIT_NEEDS_ACTION, EXIT_OK, Refused
+from patch_dsv4.output.errors import AGAIN, EXIT_NEEDS_ACTION, EXIT_OK, EnvironmentProblem, Refused
 from patch_dsv4.output.verdicts import Report, next_step
 from patch_dsv4.patching.registry import discover_patches
 from patch_dsv4.pipeline.judge import judge_found, judge_planned, judge_reverted, judge_state
 from patch_dsv4.pipeline.planning import options, plan_apply, plan_revert, record_judgement
-from patch_dsv4.pipeline.reading import read_snapshot, state_store, with_wheel
+from patch_dsv4.pipeline.reading import read_snapshot, state_store, with_wheel, write_denied
 from patch_dsv4.pipeline.reporting import (
     committed_report,
     dry_run_report,
@@ -72,7 +72,7 @@ def verify(env: Environment, lock_timeout: float = 300.0, on_wait=None, with_=No
     return replace(
         report,
         exit_code=EXIT_NEEDS_ACTION if bad else EXIT_OK,
-        next_step=report.next_step or next_step(env.target.args(), bad),
+        next_step=writer_hint(env, report.next_step or next_step(env.target.args(), bad)),
     )
 
 
@@ -97,6 +97,8 @@ def apply(
     """
     patches = discover_patches()
     opts = options(patches, only, with_, force, takeover, dry_run)
+    if not dry_run:
+        refuse_unwritable(env, opts.command)
     store = state_store(env, patches)
     with store.wait_unlocked(lock_timeout, on_wait) if dry_run else store.lock(lock_timeout, on_wait):
         notes, manifest, refusal = ([], True, None) if dry_run else recover(env, store)
@@ -130,6 +132,7 @@ def revert(env: Environment, lock_timeout: float = 300.0, discard_local_edits: b
     (the report says where), and restored like the others.
     """
     patches = discover_patches()
+    refuse_unwritable(env, "revert")
     store = state_store(env, patches)
     with store.lock(lock_timeout, on_wait):
         notes, manifest, refusal = recover(env, store)
@@ -149,6 +152,30 @@ def refuse(refusal: Refused | None, plan: Plan | None = None) -> None:
     if plan is not None:
         refusal.report = refused_report(plan)
     raise refusal
+
+
+def refuse_unwritable(env: Environment, command: str) -> None:
+    """A command that writes refuses at once, naming who can run it, where this user may not write the tree."""
+    denied = write_denied(env)
+    if denied is not None:
+        me, owner = denied
+        raise EnvironmentProblem(
+            f"cannot {command}: {me} may not write {env.site_packages}",
+            f"its lock, its state and vLLM's files there belong to {owner}",
+            f"{AGAIN}, as {owner}" + ("" if owner == "root" else " or as root"),
+        )
+
+
+def writer_hint(env: Environment, next_command: str | None) -> str | None:
+    """A next step that writes the tree, for a user who may not: who must run it."""
+    if next_command is None or not next_command.startswith("patch-dsv4 ") or "status" in next_command.split()[:2]:
+        return next_command
+    denied = write_denied(env)
+    if denied is None:
+        return next_command
+    me, owner = denied
+    who = owner if owner == "root" else f"{owner} or as root"
+    return f"{next_command}, as {who} ({me} may not write {env.site_packages})"
 
 
 def fingerprint(env: Environment, lock_timeout: float = 300.0, on_wait=None) -> Fingerprint:

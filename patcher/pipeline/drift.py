@@ -17,7 +17,7 @@ anchors/ for the known releases:
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from packaging.version import InvalidVersion, Version
 
@@ -66,6 +66,7 @@ class DriftReport:
     files_read: tuple[str, ...]
     strict: bool
     flashinfer_given: bool = False  # --flashinfer-version replaced the release's own
+    absent_why: dict = field(default_factory=dict)  # (file, scope) of an absent anchor -> what the release lacks
 
     @property
     def exit_code(self) -> int:
@@ -87,13 +88,16 @@ class DriftReport:
         )
         return data
 
-    def fingerprint_lines(self, patch_id: str) -> list[str]:
-        """The enclosing functions worth a look under a patch's line: new ones and drifted ones."""
-        return [
-            f"{a.file.rsplit('/', 1)[-1]}:{a.scope} {a.fingerprint or '-'} {a.status}"
-            for a in self.anchors.get(patch_id, ())
-            if a.status in (NEW, DRIFTED)
-        ]
+    def fingerprint_lines(self, patch_id: str, verbose: bool = False) -> list[str]:
+        """The enclosing functions worth a look under a patch's line: new ones and drifted ones (``verbose``: the
+        absent ones too, each with what this release lacks)."""
+        lines = []
+        for a in self.anchors.get(patch_id, ()):
+            if a.status in (NEW, DRIFTED):
+                lines.append(f"{a.file.rsplit('/', 1)[-1]}:{a.scope} {a.fingerprint or '-'} {a.status}")
+            elif verbose and a.status == ABSENT:
+                lines.append(self.absent_why.get((a.file, a.scope), f"{a.scope}: absent"))
+        return list(dict.fromkeys(lines))
 
     def markdown_column(self) -> tuple[str, dict[str, str]]:
         """drift's extra markdown column: each anchor's enclosing function and its fingerprint status."""
@@ -145,6 +149,7 @@ def drift(target: ReleaseTarget, strict: bool = False, anchors_dir=None) -> Drif
     records = anchors_store.load_all(anchors_dir)
     known = anchors_store.known_fingerprints(records)
     prints: dict[str, tuple[AnchorPrint, ...]] = {}
+    absent_why: dict[tuple[str, str], str] = {}
     for report in judged.reports:
         rows = []
         for edit, outcome, fp in _fingerprints(judged, report.id):
@@ -159,6 +164,9 @@ def drift(target: ReleaseTarget, strict: bool = False, anchors_dir=None) -> Drif
             else:
                 status = NEW
             rows.append(AnchorPrint(edit.label, edit.file, scope, outcome.verdict, fp, status, recorded_in))
+            if status == ABSENT:
+                where = _short(edit.file) if judged.originals.get(edit.file) is None else scope
+                absent_why[(edit.file, scope)] = f"{where}: absent from this release"
         prints[report.id] = tuple(rows)
 
     files_read = tuple(judged.ctx.files_read())
@@ -196,17 +204,14 @@ def drift(target: ReleaseTarget, strict: bool = False, anchors_dir=None) -> Drif
     fp_counts: dict[str, int] = {}
     for a in all_prints:
         fp_counts[a.status] = fp_counts.get(a.status, 0) + 1
-    summary = (
-        f"drift: vLLM {target.vllm_version}: "
-        + (", ".join(f"{n} {v}" for v, n in counts.items()) or "no patches")
-        + "; fingerprints: "
-        + (", ".join(f"{n} {s}" for s, n in fp_counts.items()) or "none")
-        + ("; known build" if build.known else "; unknown build")
+    summary = f"drift: vLLM {target.vllm_version}, {'known' if build.known else 'unknown'} build: " + (
+        ", ".join(f"{n} {v}" for v, n in counts.items()) or "no patches"
     )
     if drifted:
         summary += f"; FAILED: {', '.join(r.id for r in drifted)} drifted"
     elif strict and new:
-        summary += "; FAILED (--strict): new fingerprints to review"
+        summary += "; FAILED (--strict): new fingerprints"
+    notes.append(_fingerprint_note(fp_counts))
     report = Report(
         command="drift",
         target=target.description,
@@ -235,7 +240,27 @@ def drift(target: ReleaseTarget, strict: bool = False, anchors_dir=None) -> Drif
         files_read=files_read,
         strict=strict,
         flashinfer_given=target.flashinfer_given,
+        absent_why=absent_why,
     )
+
+
+def _short(relpath: str) -> str:
+    """A file as the reports name it (under vllm/models/deepseek_v4/, or its V4.1 package)."""
+    from patch_dsv4.output.render import short_path
+
+    return short_path(relpath)
+
+
+def _fingerprint_note(counts: dict[str, int]) -> str:
+    """What the fingerprints of the functions around the anchors say, in words: each count, and what it means."""
+    meaning = {
+        RECORDED: "as anchors/ records them",
+        NEW: "changed since: review the patch there",
+        DRIFTED: "where the anchor no longer matches",
+        ABSENT: "from this release (another layout's or release's code: -v names each)",
+    }
+    said = ", ".join(f"{counts[s]} {s} {meaning[s]}" for s in (RECORDED, NEW, DRIFTED, ABSENT) if counts.get(s))
+    return f"functions around the anchors: {said or 'none'}"
 
 
 def nearest_recorded(version: str, records: dict[str, dict]) -> str | None:

@@ -173,8 +173,70 @@ def judge_state(state: Snapshot, restores: list[Restore] = (), found: Judgement 
             return Judged(now, ctx, (), found=found, restores=list(restores), refusal=refusal)
         base_ctx = state.context(release)
         base = judge(base_ctx, patches, plan=False)
-    reports = state_reports(now, patches, view, base if view.kind == "current" else None)
+    changed = _changed_scopes(state) if view.kind in ("current", "interrupted") and view.modified else {}
+    reports = state_reports(now, patches, view, base if view.kind == "current" else None, changed)
     return Judged(now, ctx, reports, base, base_ctx, found, list(restores), _way_out(state, now))
+
+
+def _changed_scopes(state: Snapshot) -> dict[str, dict[str, tuple[str, str | None]]]:
+    """For each file we wrote that changed since, the scopes of our edits there whose code changed: scope ->
+    (its code as we wrote it, its code now, None where it is gone). A file missing here is one whose bytes as we
+    wrote them cannot be had again (no backup, or this patch-dsv4 writes them otherwise): nothing is said of it.
+
+    What we wrote is the backup with the file's patches applied again, taken only where its sha256 is the one the
+    manifest recorded: a change is then placed exactly, inside an edit's scope or outside every one.
+    """
+    view = state.view
+    found = {}
+    for relpath in view.modified:
+        entry = view.manifest.files[relpath]
+        patches = [p for p in state.patches if p.id in entry.patches]
+        backup = state.backup(relpath)
+        if backup is None or not patches:
+            continue
+        try:
+            written = judge(state.context({relpath: backup}), patches).planned.get(relpath)
+        except Exception:  # a judgement that cannot be made again says nothing of where the change is
+            continue
+        now = state.bytes_of(relpath)
+        if written is None or now is None or sha256_bytes(written) != entry.after:
+            continue
+        scopes = {edit.scope for p in patches for edit in p.edits if edit.file == relpath}
+        found[relpath] = {
+            str(scope): (was, is_)
+            for scope in scopes
+            if (was := _scope_code(written, scope)) != (is_ := _scope_code(now, scope)) and was is not None
+        }
+    return found
+
+
+def _changed_lines(written: str, now: str | None, context: int = 2) -> tuple[str, str | None]:
+    """The lines of a scope that changed, as we wrote them and as they are (a few lines around), not the whole."""
+    import difflib
+
+    if now is None:
+        return written, None
+    old, new = written.splitlines(keepends=True), now.splitlines(keepends=True)
+    changes = [op for op in difflib.SequenceMatcher(None, old, new, autojunk=False).get_opcodes() if op[0] != "equal"]
+    if not changes:
+        return written, now
+    a0, a1 = max(0, changes[0][1] - context), min(len(old), changes[-1][2] + context)
+    b0, b1 = max(0, changes[0][3] - context), min(len(new), changes[-1][4] + context)
+    return "".join(old[a0:a1]), "".join(new[b0:b1])
+
+
+def _scope_code(data: bytes, scope) -> str | None:
+    """The source of ``scope`` (class, function) in a file's bytes; None where it is not there or not Python."""
+    import ast
+
+    from patch_dsv4.patching.source import SourceError, decode_source
+
+    try:
+        text = decode_source(data).text
+        node = find_scope(ast.parse(text), scope.cls, scope.func)
+    except (SourceError, SyntaxError, ValueError):
+        return None
+    return None if node is None else ast.get_source_segment(text, node)
 
 
 def _release_bytes(state: Snapshot, relpaths: list[str]) -> tuple[dict[str, bytes], Refused | None]:
@@ -228,10 +290,18 @@ def judge_reverted(state: Snapshot, to_restore: list[str]) -> tuple[PatchReport,
 
 
 def state_reports(
-    judgement: Judgement, patches: list[Patch], view: StateView, base: Judgement | None = None
+    judgement: Judgement,
+    patches: list[Patch],
+    view: StateView,
+    base: Judgement | None = None,
+    changed: dict[str, dict[str, tuple[str, str | None]]] | None = None,
 ) -> tuple[PatchReport, ...]:
     """Each patch's report; an edit in a file we wrote that changed since is modified, and one whose ``base``
-    (the file's release bytes) has it pending is ours as an older patch-dsv4 wrote it: pending."""
+    (the file's release bytes) has it pending is ours as an older patch-dsv4 wrote it: pending.
+
+    ``changed`` (:func:`_changed_scopes`) says where such a file changed: in the edit's scope (its code as we
+    wrote it is expected, what stands there found) or outside it (the edit itself is intact; the file is not
+    what we wrote, which is what verify vouches for)."""
     outdated = _outdated_edits(judgement, patches, view, base)
     reports = []
     for patch in patches:
@@ -243,8 +313,20 @@ def state_reports(
                 entry = view.manifest.files[edit.file]
                 if patch.id in entry.patches:
                     was = f"{outcome.verdict.value}: {outcome.detail}"
-                    detail = f"{edit.file} {view.modified[edit.file]} (was {was})"
-                    report = replace(report, verdict=Verdict.MODIFIED, detail=detail)
+                    where = (changed or {}).get(edit.file)
+                    if where is not None and str(edit.scope) not in where:
+                        detail = (
+                            f"{edit.file} changed outside our edit (was {was}); {edit.scope} is as patch-dsv4 wrote"
+                            " it, but the file is not, and verify vouches for every byte it wrote"
+                        )
+                        report = replace(report, verdict=Verdict.MODIFIED, detail=detail, expected=None, found=None)
+                    elif where is not None:
+                        written, now = _changed_lines(*where[str(edit.scope)])
+                        detail = f"{edit.file} changed since patch-dsv4 wrote it (was {was})"
+                        report = replace(report, verdict=Verdict.MODIFIED, detail=detail, expected=written, found=now)
+                    else:
+                        detail = f"{edit.file} {view.modified[edit.file]} (was {was})"
+                        report = replace(report, verdict=Verdict.MODIFIED, detail=detail)
             elif (patch.id, edit.label) in outdated:
                 report = replace(
                     report, verdict=Verdict.PENDING, detail=outdated[(patch.id, edit.label)], expected=None, found=None

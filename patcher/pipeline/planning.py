@@ -47,11 +47,15 @@ def options(
 
 
 def _known_ids(patches: list[Patch], ids: list[str] | None, what: str) -> set[str]:
-    known = {p.id for p in patches}
+    """``ids`` checked: any patch for ``--only``, an opt-in patch for ``--with`` (the valid choices are named)."""
+    known = {p.id for p in patches if p.opt_in or what != "--with"}
     unknown = [i for i in ids or () if i not in known]
     if unknown:
+        kind = "opt-in patch" if what == "--with" else "patch"
         raise EnvironmentProblem(
-            f"unknown patch id {', '.join(unknown)} ({what})", f"known: {', '.join(sorted(known))}", "patch-dsv4 list"
+            f"{what} {', '.join(unknown)}: no {kind} {', '.join(unknown)}",
+            f"the {kind}es are {', '.join(sorted(known))}",
+            "patch-dsv4 list",
         )
     return set(ids or ())
 

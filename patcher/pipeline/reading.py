@@ -7,6 +7,7 @@ bytes is read once. Nothing here writes, and nothing here judges.
 from __future__ import annotations
 
 import stat
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from patch_dsv4.patching.patch import Patch
@@ -19,6 +20,7 @@ from patch_dsv4.pipeline.values import (  # noqa: F401 - context_for re-exported
     StateView,
     context_for,
     to_restore,
+    user_name,
 )
 from patch_dsv4.tree.environment import Environment, record_digest
 from patch_dsv4.tree.fs import MAX_SOURCE_BYTES, UnsafePath
@@ -77,6 +79,8 @@ def read_snapshot(
     from patch_dsv4.tree import mounts
 
     view = view_of(env, store.load() if manifest is True else manifest)
+    if manifest is True:  # as found, before any recovery: what an interrupted apply left is said
+        view = replace(view, leftover=leftover(store, view))
     snapshot = Snapshot(env, store, patches, view, readers_of(env, store))
     build = snapshot.build
     build.record = anchors_store.load(env.vllm_version)
@@ -99,6 +103,38 @@ def read_snapshot(
             for relpath in to_restore(view):
                 snapshot.bytes_of(relpath)
     return snapshot
+
+
+def write_denied(env: Environment) -> tuple[str, str] | None:
+    """(who runs this, who owns the site directory) where this user may not write it (its lock and state live
+    there: apply, takeover and revert cannot run); None where it may. Asked before the lock is taken."""
+    import os
+
+    site = str(env.site_packages)
+    effective = os.access in os.supports_effective_ids
+    if os.access(site, os.W_OK | os.X_OK, effective_ids=effective):
+        return None
+    try:
+        owner = user_name(os.stat(site).st_uid)
+    except OSError:
+        return None  # the write itself says what it can
+    return user_name(os.geteuid()), owner
+
+
+def leftover(store: StateStore, view: StateView) -> str:
+    """Where an apply interrupted before its journal left what it prepared ("" where nothing is left): staged copies
+    beside a manifest, or a state directory without one. The next apply or revert removes it
+    (patch_dsv4.pipeline.transaction.recover); until then status says so."""
+    from patch_dsv4.tree.state import STATE_DIR
+
+    try:
+        if view.kind == "current" and store.copies("staged"):
+            return f"{STATE_DIR}/staged/"
+        if view.manifest is None and store.holds_more_than_saved_edits():
+            return f"{STATE_DIR}/"
+    except Exception:  # an unreadable state is recovery's to refuse, not a note's
+        return ""
+    return ""
 
 
 def readers_of(env: Environment, store: StateStore) -> Readers:

@@ -14,7 +14,9 @@ An apply or a revert goes through three phases:
    write still fails here, the files already replaced are put back from memory
    and the previous manifest is restored: the tree ends as it began.
 
-Every failure is one line (:class:`WriteFailed`, exit 2) naming the file and the reason.
+Every failure (:class:`WriteFailed`, exit 2) names the file, the reason and the next step. An interrupt (Ctrl-C)
+in the first two phases or in the commit undoes what was done, as a failure does, and says so (exit 130); one after
+the commit says that the command completed.
 """
 
 from __future__ import annotations
@@ -22,11 +24,12 @@ from __future__ import annotations
 import copy
 import json
 import os
+import shlex
 import stat
 from dataclasses import dataclass
 
-from patch_dsv4.output.errors import EnvironmentProblem, Refused
-from patch_dsv4.pipeline.values import Committed, Plan
+from patch_dsv4.output.errors import AGAIN, EnvironmentProblem, Interrupted, Refused, begun, completed
+from patch_dsv4.pipeline.values import Committed, Plan, user_name
 from patch_dsv4.tree.environment import Environment
 from patch_dsv4.tree.fs import Dir, Owner, UnsafePath, checkpoint, sha256_bytes
 from patch_dsv4.tree.state import STATE_DIR, Manifest, StateStore
@@ -41,13 +44,56 @@ def _os_reason(exc: OSError) -> str:
 
 
 def _failure(action: str, rel: str, exc: Exception, undone: bool, env: Environment) -> WriteFailed:
+    """A write that failed, said with its cause where it can be told (an immutable file, a read-only file system,
+    a missing permission) and the command that removes it; then the same command again (patch_dsv4.cli names it)."""
     reason = exc.line() if isinstance(exc, EnvironmentProblem) else _os_reason(exc)
+    where = env.site_packages / (rel if rel.startswith("vllm/") else STATE_DIR)
+    cause, fix = _cause(where, exc) or (reason, "fix the cause")
     if undone:
-        return WriteFailed(f"cannot {action} {rel}", f"{reason}; nothing was changed", "fix the cause and run it again")
+        again = fix.replace("{again}", AGAIN) if "{again}" in fix else f"{fix}, then {AGAIN}"
+        return WriteFailed(f"cannot {action} {rel}", f"{cause}; nothing was changed", again)
     return WriteFailed(
         f"cannot {action} {rel}",
-        f"{reason}; the tree could not be put back",
-        f"fix the cause, then run patch-dsv4 apply{env.target.args()} (or revert) to finish",
+        f"{cause}; the tree could not be put back",
+        f"{fix.replace('{again}', 'it')}, then patch-dsv4 apply{env.target.args()} (or revert) finishes it",
+    )
+
+
+def _cause(path, exc: Exception) -> tuple[str, str] | None:
+    """(the error and its cause in words, what removes it) of a write refused at ``path`` (a file, or the state
+    directory), where something on disk says it (an immutable or append-only file or directory, a read-only file
+    system, a mode this user may not write); None where the error says all there is."""
+    import errno
+
+    from patch_dsv4.tree import mounts
+
+    if not isinstance(exc, OSError) or exc.errno not in (errno.EPERM, errno.EACCES, errno.EROFS):
+        return None
+    reason = _os_reason(exc)
+    path = path if os.path.lexists(path) else path.parent
+    why = mounts.why_unreplaceable(str(path), mounts.read_mounts()) or ""
+    for flag, kind in (("i", "immutable"), ("a", "append-only")):
+        if f"is {kind} (chattr +{flag})" in why:
+            held, which = (path, "the file") if why.startswith("the file") else (path.parent, "its directory")
+            return (
+                f"{reason}: {which} is {kind} (chattr +{flag}; lsattr shows it)",
+                f"chattr -{flag} {shlex.quote(str(held))}",
+            )
+    if why.startswith("on a read-only file system"):
+        return f"{reason}: the file system is read-only", "patch the image it comes from, or remount it read-write"
+    if why:
+        return f"{reason}: {why}", "fix the cause"
+    effective = os.access in os.supports_effective_ids
+    if exc.errno == errno.EROFS or os.access(path, os.W_OK, effective_ids=effective):
+        return None  # nothing on disk says more than the error
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    owner, me = user_name(st.st_uid), user_name(os.geteuid())
+    return (
+        f"{reason}: {me} may not write {path} (owner {owner}, mode {stat.filemode(st.st_mode)})",
+        f"{{again}}, as {owner}" + ("" if owner == "root" else " or as root"),
     )
 
 
@@ -122,13 +168,15 @@ def write_apply(
     manifest: Manifest,
     planned: dict[str, bytes],
     originals: dict[str, bytes] | None = None,
-) -> None:
+    command: str = "apply",
+) -> list[str]:
     """Write ``planned`` (relpath -> new bytes) and ``manifest`` (already holding the new entries): all or none.
 
     ``previous`` is the manifest on disk before this apply (None: no state),
     restored when the apply is undone. A file's backup holds its bytes as they
     are, or ``originals[relpath]`` where given (takeover: pip's bytes, from
-    another tool's backup), so that revert restores those.
+    another tool's backup), so that revert restores those. ``command``: the one being run (apply or takeover),
+    as an interrupt names it.
     """
     originals = originals or {}
     targets = []
@@ -153,10 +201,13 @@ def write_apply(
             _probe(env, t)
         checkpoint("prepared")
         current = "the journal"
+        begun(command)
         store.save(journal)
     except (OSError, UnsafePath) as exc:
         undone = _undo_prepare(store, previous, new_backups)
         raise _failure("write", current, exc, undone, env) from None
+    except KeyboardInterrupt:
+        raise _interrupted(command, _undo_prepare(store, previous, new_backups)) from None
 
     done: list[_Target] = []
     try:
@@ -169,10 +220,38 @@ def write_apply(
     except (OSError, UnsafePath) as exc:
         undone = _put_back(env, done, lambda t: t.old) and _undo_prepare(store, previous, new_backups)
         raise _failure("write", current, exc, undone, env) from None
+    except KeyboardInterrupt:
+        undone = _put_back(env, done, lambda t: t.old) and _undo_prepare(store, previous, new_backups)
+        raise _interrupted(command, undone) from None
+    completed(f"{command} completed: patched {len(targets)} file(s)")
     try:
         store.clear_staged()
     except OSError:
         pass  # the next run's recovery removes leftover staged copies; the apply itself is complete
+    return _read_only_notes(targets, "patched")
+
+
+def _read_only_notes(targets: list[_Target], done: str) -> list[str]:
+    """A file written though its mode lets no one write it (root may): it keeps its mode, and the report says so."""
+    read_only = [t for t in targets if not t.owner.mode & 0o222]
+    if not read_only:
+        return []
+    mode = stat.filemode(stat.S_IFREG | read_only[0].owner.mode)
+    return [
+        f"{done} {len(read_only)} read-only file(s) as root may (mode {mode}, e.g. {read_only[0].relpath}); "
+        "each keeps its mode"
+    ]
+
+
+def _interrupted(op: str, undone: bool) -> Interrupted:
+    """What an interrupt during ``op``'s write leaves: nothing changed (all put back), or a journal to finish. The
+    next step, the same command again (it finishes a journal first), is the command line's to name."""
+    if undone:
+        return Interrupted(f"interrupted: {op} changed nothing", "what it had begun was put back")
+    return Interrupted(
+        f"interrupted while {op} wrote the files",
+        f"its journal is kept in {STATE_DIR}/: the next apply or revert finishes it",
+    )
 
 
 def _journal(manifest: Manifest, op: str, targets: list[_Target]) -> Manifest:
@@ -202,7 +281,7 @@ def _undo_prepare(store: StateStore, previous: Manifest | None, new_backups) -> 
 
 
 # -- revert -----------------------------------------------------------------------------
-def write_revert(env: Environment, store: StateStore, manifest: Manifest, restore: dict[str, bytes]) -> None:
+def write_revert(env: Environment, store: StateStore, manifest: Manifest, restore: dict[str, bytes]) -> list[str]:
     """Put each file in ``restore`` (relpath -> backup bytes) back, then drop the state: all or none."""
     targets = []
     for relpath, old in restore.items():
@@ -217,9 +296,12 @@ def write_revert(env: Environment, store: StateStore, manifest: Manifest, restor
             current = t.relpath
             _probe(env, t)
         current = "the journal"
+        begun("revert")
         store.save(journal)
     except (OSError, UnsafePath) as exc:
         raise _failure("restore", current, exc, _restore_manifest(store, manifest), env) from None
+    except KeyboardInterrupt:
+        raise _interrupted("revert", _restore_manifest(store, manifest)) from None
     done: list[_Target] = []
     try:
         for t in targets:
@@ -228,6 +310,13 @@ def write_revert(env: Environment, store: StateStore, manifest: Manifest, restor
             _replace(env, t.relpath, t.new, t.owner)
         current = "the state"
         store.remove()
+        completed(f"revert completed: restored {len(targets)} file(s)")
+    except KeyboardInterrupt:
+        if done and len(done) == len(targets) and not store.manifest_exists():
+            completed(f"revert completed: restored {len(targets)} file(s)")
+            raise
+        undone = _put_back(env, done, lambda t: t.old) and _restore_manifest(store, manifest)
+        raise _interrupted("revert", undone) from None
     except (OSError, UnsafePath) as exc:
         if done and len(done) == len(targets) and not store.manifest_exists():
             # Every file is restored and the manifest is gone: the revert is complete;
@@ -235,10 +324,11 @@ def write_revert(env: Environment, store: StateStore, manifest: Manifest, restor
             raise WriteFailed(
                 "reverted, but could not remove all of the state",
                 _os_reason(exc) if isinstance(exc, OSError) else str(exc),
-                f"remove {store.dir_path}",
+                f"rm -r {shlex.quote(str(store.dir_path))}",
             ) from None
         undone = _put_back(env, done, lambda t: t.old) and _restore_manifest(store, manifest)
         raise _failure("restore", current, exc, undone, env) from None
+    return _read_only_notes(targets, "restored")
 
 
 def _restore_manifest(store: StateStore, manifest: Manifest) -> bool:
@@ -259,6 +349,16 @@ def recover(env: Environment, store: StateStore) -> tuple[list[str], Manifest | 
     state directory without a manifest is removed only when no file needs its
     backups (every backed-up file still has its backup's bytes).
     """
+    try:
+        return _recover(env, store)
+    except KeyboardInterrupt:
+        raise Interrupted(
+            "interrupted while finishing an earlier interrupted apply or revert",
+            f"its journal is kept in {STATE_DIR}/: the next apply or revert finishes it",
+        ) from None
+
+
+def _recover(env: Environment, store: StateStore) -> tuple[list[str], Manifest | None | bool, Refused | None]:
     notes: list[str] = []
     manifest = store.load()
     for relpath in store.declared:
@@ -350,19 +450,22 @@ def commit(plan: Plan) -> Committed:
                 return Committed(notes=(f"removed the empty {STATE_DIR}/ an interrupted run left",))
             return Committed()
         saved = save_local_edits(env, store, plan.save)
-        write_revert(env, store, plan.previous, plan.new)
-        return Committed(tuple(saved))
+        notes = write_revert(env, store, plan.previous, plan.new)
+        return Committed(tuple(saved), tuple(notes))
     if plan.remove_state:
         store.remove()
     if not plan.writes:
         if plan.manifest is not None:
             store.save(plan.manifest)
+            completed(f"{plan.command} completed: recorded the opt-ins in the state")
             record_stat_keys(env, store, plan.manifest)
         return Committed()
     saved = save_local_edits(env, store, plan.save)
-    write_apply(env, store, plan.previous, plan.manifest, plan.new, originals=plan.originals)
+    notes = write_apply(
+        env, store, plan.previous, plan.manifest, plan.new, originals=plan.originals, command=plan.command
+    )
     record_stat_keys(env, store, plan.manifest)
-    return Committed(tuple(saved))
+    return Committed(tuple(saved), tuple(notes))
 
 
 def record_stat_keys(env: Environment, store: StateStore, manifest: Manifest) -> None:

@@ -37,6 +37,7 @@ class StateView:
     kind: str  # "none" | "current" | "stale" | "interrupted"
     modified: dict[str, str]  # relpath -> why
     ours: set[str]  # files that are as we wrote them
+    leftover: str = ""  # what an apply interrupted before its journal left in the state directory ("" for nothing)
 
 
 NO_STATE = StateView(None, "none", {}, set())
@@ -336,11 +337,26 @@ def as_opt_in(reports: tuple[PatchReport, ...], patches: list[Patch], asked: set
     return tuple(out)
 
 
+def user_name(uid: int) -> str:
+    """A user's name, or ``uid N`` where the system has none for it."""
+    import pwd
+
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
+
+
 def state_notes(view: StateView) -> list[str]:
     if view.kind == "stale":
         return [f"state written for vLLM {view.manifest.vllm_version} is stale: its backups will never be restored"]
     if view.kind == "interrupted":
         return ["an earlier apply or revert was interrupted; the next apply or revert finishes it"]
+    if view.leftover:
+        return [
+            f"an apply was interrupted before it changed a file: {view.leftover} holds what it prepared, which the "
+            "next apply or revert removes (nothing else to do: the files are as this report says)"
+        ]
     return []
 
 

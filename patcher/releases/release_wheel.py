@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -125,11 +126,12 @@ def fetch_wheel(
     cache_dir: Path | None = None,
     pip_options: Sequence[str] = (),
     progress: Callable[[str], None] | None = None,
+    bars=None,
 ) -> tuple[Path, str]:
     """The wheel of vllm==version: from the cache, else downloaded with pip into it. Returns (path, how).
 
-    A download shows pip's own progress when stderr is a terminal, and a line
-    before and after it (what, how big) otherwise.
+    ``progress`` gets a line before and after a download; ``bars`` (:func:`patch_dsv4.output.progress.progress`)
+    shows its bytes, total and rate while it runs, where a terminal shows them.
     """
     try:
         Version(version)
@@ -143,7 +145,7 @@ def fetch_wheel(
         return hit, f"cached in {cache_dir}"
     cache_dir.mkdir(parents=True, exist_ok=True)
     extra = [arg for option in pip_options for arg in shlex.split(option)]
-    on_terminal = sys.stderr.isatty()
+    shown = bars is not None and bars.shown
     command = [
         sys.executable,
         "-m",
@@ -152,7 +154,7 @@ def fetch_wheel(
         "--no-deps",
         "--only-binary=:all:",
         "--disable-pip-version-check",
-        *([] if on_terminal else ["--quiet"]),
+        *([] if shown else ["--quiet"]),
         "--dest",
         str(cache_dir),
         *extra,
@@ -161,12 +163,8 @@ def fetch_wheel(
     if progress is not None:
         progress(f"fetching vllm=={version} with pip into {cache_dir} (a vLLM wheel is about 300 MB)")
     started = time.monotonic()
-    try:
-        proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    except OSError as exc:
-        raise EnvironmentProblem(f"cannot run pip to fetch vllm=={version}", str(exc), "pass --wheel FILE") from None
-    tail = _pass_through(proc.stderr, sys.stderr if on_terminal else None)
-    if proc.wait() != 0:
+    code, tail = _run_pip(command, bars if shown else None, f"vllm=={version}")
+    if code != 0:
         lines = tail.decode("utf-8", "replace").splitlines()
         errors = [line for line in lines if line.startswith("ERROR:")]
         last = (errors or [line for line in lines if line.strip()] or ["pip failed without a message"])[-1]
@@ -185,37 +183,94 @@ def fetch_wheel(
     return hit, f"downloaded with pip into {cache_dir}"
 
 
-def _pass_through(source, terminal) -> bytes:
-    """Copy pip's stderr to the terminal as it comes (its progress bar), keeping the last part for errors."""
-    kept = b""
-    while True:
-        chunk = os.read(source.fileno(), 4096)
-        if not chunk:
-            return kept
-        if terminal is not None:
-            terminal.buffer.write(chunk) if hasattr(terminal, "buffer") else terminal.write(
-                chunk.decode("utf-8", "replace")
-            )
-            terminal.flush()
-        kept = (kept + chunk)[-8192:]
+def _run_pip(command: list[str], bars, what: str) -> tuple[int, bytes]:
+    """Run pip; (its exit status, the last part of its stderr). With ``bars``, pip's download is shown as it grows:
+    pip downloads into a temporary directory of its own (given here, through TMPDIR) before it copies the wheel to
+    --dest, and says the wheel's size on stdout ("Downloading NAME (240.5 MB)")."""
+    import tempfile
+    import threading
+
+    scratch = tempfile.mkdtemp(prefix="patch-dsv4-pip-") if bars is not None else None
+    env = {**os.environ, "TMPDIR": scratch} if scratch else None
+    try:
+        proc = subprocess.Popen(
+            command, stdout=subprocess.PIPE if bars is not None else subprocess.DEVNULL, stderr=subprocess.PIPE, env=env
+        )
+    except OSError as exc:
+        if scratch:
+            shutil.rmtree(scratch, ignore_errors=True)
+        raise EnvironmentProblem(f"cannot run pip to fetch {what}", str(exc), "pass --wheel FILE") from None
+    kept: list[bytes] = [b""]
+    total: list[float | None] = [None]
+    readers = [threading.Thread(target=_keep_tail, args=(proc.stderr, kept), daemon=True)]
+    if bars is not None:
+        readers.append(threading.Thread(target=_find_size, args=(proc.stdout, total), daemon=True))
+    for reader in readers:
+        reader.start()
+    try:
+        if bars is not None:
+            task, seen = bars.task(what, None, download=True), 0
+            while proc.poll() is None:
+                seen = max(seen, _bytes_under(scratch))  # pip moves the file out when it is whole
+                bars.update(task, completed=seen, total=total[0])
+                time.sleep(0.1)
+            bars.done(task)
+        code = proc.wait()
+    finally:
+        if proc.poll() is None:  # interrupted: pip goes too
+            proc.kill()
+            proc.wait()
+        for reader in readers:
+            reader.join(timeout=5)
+        if scratch:
+            shutil.rmtree(scratch, ignore_errors=True)
+    return code, kept[0]
+
+
+def _keep_tail(source, kept: list[bytes]) -> None:
+    while chunk := source.read1(4096) if hasattr(source, "read1") else source.read(4096):
+        kept[0] = (kept[0] + chunk)[-8192:]
+
+
+_UNITS = {"kB": 1e3, "MB": 1e6, "GB": 1e9, "bytes": 1.0}
+
+
+def _find_size(source, total: list[float | None]) -> None:
+    """The size pip announces for the file it downloads (``Downloading NAME (240.5 MB)``), into ``total[0]``."""
+    for raw in source:
+        line = raw.decode("utf-8", "replace").strip()
+        if line.startswith("Downloading ") and line.endswith(")") and " (" in line:
+            number, _, unit = line.rsplit(" (", 1)[1][:-1].partition(" ")
+            try:
+                total[0] = float(number) * _UNITS[unit]
+            except (ValueError, KeyError):
+                pass
+
+
+def _bytes_under(directory: str) -> int:
+    """The bytes of every file under ``directory`` (pip's partial download in its temporary directory)."""
+    found = 0
+    for root, _dirs, files in os.walk(directory):
+        for name in files:
+            try:
+                found += os.lstat(os.path.join(root, name)).st_size
+            except OSError:
+                pass
+    return found
 
 
 def flashinfer_pin_served(version: str, pip_options: Sequence[str] = ()) -> tuple[bool | None, str]:
     """Whether pip's configured index serves ``flashinfer-python==version`` (None: pip could not say), and a note.
 
-    Asks ``pip index versions`` (the release list only, nothing downloaded); only drift --vllm-version, which
-    fetches with pip anyway, calls it.
+    Asks ``pip index versions`` (tree.pip_index: the release list only, nothing downloaded); only drift
+    --vllm-version, which fetches with pip anyway, calls it.
     """
+    from patch_dsv4.tree.pip_index import index_versions
+
     extra = [arg for option in pip_options for arg in shlex.split(option)]
-    command = [sys.executable, "-m", "pip", "index", "versions", "flashinfer-python", "--disable-pip-version-check"]
-    try:
-        proc = subprocess.run([*command, *extra], capture_output=True, text=True, timeout=120)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return None, f"FlashInfer {version}: pip's index could not be asked ({exc})"
-    listed = next((line for line in proc.stdout.splitlines() if line.startswith("Available versions:")), None)
-    if proc.returncode != 0 or listed is None:
+    served = index_versions("flashinfer-python", extra)
+    if served is None:
         return None, f"FlashInfer {version}: pip's index could not be asked (pip index versions flashinfer-python)"
-    served = [v.strip() for v in listed.split(":", 1)[1].split(",")]
     try:
         wanted = Version(version)
         found = any(Version(v) == wanted for v in served if v)

@@ -5,6 +5,7 @@
     mounts          files mounted over site-packages (/proc/self/mountinfo): another tool's, never written
     state           what patch-dsv4 keeps there: the manifest, the backups, the lock
     manifest_rules  what a manifest may say, its paths and its fields, checked without touching the disk
+    pip_index       what pip's configured index serves of a project (pip index versions)
 
 May import: patch_dsv4.output.
 """

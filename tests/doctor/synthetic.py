@@ -59,6 +59,8 @@ class Geometry:
     vision_dim: int
     base_k: int = 2
     dense_k: int = 6
+    hc_mult: int = 4
+    markov_rank: int = 256
 
 
 FULL = Geometry(
@@ -192,8 +194,38 @@ def dense_linears(g: Geometry, ratio: int) -> dict[str, tuple[int, int]]:
     return linears
 
 
+def compressor(g: Geometry, prefix: str, ratio: int, head_dim: int) -> dict[str, Tensor]:
+    """A compressor's parameters but its two linears: the positional table and the norm (vLLM
+    deepseek_v4/compressor.py ``DeepseekCompressor``: ``ape`` [ratio, coff x head_dim])."""
+    coff = 2 if ratio == 4 else 1
+    return {
+        f"{prefix}.ape": Tensor("F32", [ratio, coff * head_dim]),
+        f"{prefix}.norm.weight": Tensor("BF16", [head_dim]),
+    }
+
+
+def hc_tensors(g: Geometry, prefix: str) -> dict[str, Tensor]:
+    """A block's hyper-connection mixers (vLLM ``DeepseekV4DecoderLayer``: ``hc_{attn,ffn}_{fn,base,scale}``)."""
+    mix = (2 + g.hc_mult) * g.hc_mult
+    tensors = {}
+    for site in ("attn", "ffn"):
+        tensors[f"{prefix}.hc_{site}_fn"] = Tensor("F32", [mix, g.hc_mult * g.hidden])
+        tensors[f"{prefix}.hc_{site}_base"] = Tensor("F32", [mix])
+        tensors[f"{prefix}.hc_{site}_scale"] = Tensor("F32", [3])
+    return tensors
+
+
+def hc_head(g: Geometry, prefix: str = "") -> dict[str, Tensor]:
+    """The hyper-connections' final collapse (``hc_head_{fn,base,scale}``: the model's, and a DSpark draft's)."""
+    return {
+        f"{prefix}hc_head_fn": Tensor("F32", [g.hc_mult, g.hc_mult * g.hidden]),
+        f"{prefix}hc_head_base": Tensor("F32", [g.hc_mult]),
+        f"{prefix}hc_head_scale": Tensor("F32", [1]),
+    }
+
+
 def block_tensors(g: Geometry, prefix: str, ratio: int, *, hash_layer: bool) -> dict[str, Tensor]:
-    """Norms, BF16 dense linears and the gate of one block (``layers.N`` or ``mtp.N``)."""
+    """Norms, hyper-connections, BF16 dense linears and the gate of one block (``layers.N`` or ``mtp.N``)."""
     h = g.hidden
     tensors = {
         f"{prefix}.attn_norm.weight": Tensor("BF16", [h]),
@@ -209,25 +241,72 @@ def block_tensors(g: Geometry, prefix: str, ratio: int, *, hash_layer: bool) -> 
         tensors[f"{prefix}.ffn.gate.tid2eid"] = Tensor("I32", [g.vocab, 6])
     for suffix, shape in dense_linears(g, ratio).items():
         tensors[f"{prefix}.{suffix}.weight"] = Tensor("BF16", list(shape))
+    tensors.update(hc_tensors(g, prefix))
+    if ratio > 1:
+        tensors.update(compressor(g, f"{prefix}.attn.compressor", ratio, g.head_dim))
+    if ratio == 4:
+        tensors.update(compressor(g, f"{prefix}.attn.indexer.compressor", ratio, g.index_head_dim))
+    return tensors
+
+
+def vision_tower(dim: int, inter: int, layers: int, hidden: int, tokens: tuple[str, ...]) -> dict[str, Tensor]:
+    """DeepSeek's vision tower under the checkpoint's names, which vLLM's keeps (deepseek_v4/common/vision.py,
+    0.30.0 on: ``DeepseekV4ViT``, ``DeepseekV4Aligner``; the vision class's image tokens)."""
+    tensors = {
+        "vision.patch_embed.proj.weight": Tensor("BF16", [dim, 3 * 14 * 14]),
+        "vision.patch_embed.proj.bias": Tensor("BF16", [dim]),
+        "vision.norm.weight": Tensor("F32", [dim]),
+    }
+    for b in range(layers):
+        p = f"vision.blocks.{b}"
+        tensors.update(
+            {
+                f"{p}.norm1.weight": Tensor("F32", [dim]),
+                f"{p}.attn.wqkv.weight": Tensor("BF16", [3 * dim, dim]),
+                f"{p}.attn.wqkv.bias": Tensor("BF16", [3 * dim]),
+                f"{p}.attn.wo.weight": Tensor("BF16", [dim, dim]),
+                f"{p}.attn.wo.bias": Tensor("BF16", [dim]),
+                f"{p}.norm2.weight": Tensor("F32", [dim]),
+                f"{p}.mlp.w1.weight": Tensor("BF16", [2 * inter, dim]),
+                f"{p}.mlp.w2.weight": Tensor("BF16", [dim, inter]),
+            }
+        )
+    tensors.update(
+        {
+            "aligner.w1.weight": Tensor("BF16", [hidden, 9 * dim]),
+            "aligner.w1.bias": Tensor("BF16", [hidden]),
+            "aligner.w2.weight": Tensor("BF16", [hidden, hidden]),
+            "aligner.w2.bias": Tensor("BF16", [hidden]),
+        }
+    )
+    tensors.update({token: Tensor("BF16", [hidden]) for token in tokens})
     return tensors
 
 
 def vision_tensors(g: Geometry) -> dict[str, Tensor]:
-    d, h = g.vision_dim, g.hidden
-    tensors = {"vision.patch_embed.weight": Tensor("BF16", [d, 3, 14, 14]), "vision.norm.weight": Tensor("BF16", [d])}
-    for b in range(g.vision_layers):
-        tensors.update(
-            {
-                f"vision.blocks.{b}.attn.qkv.weight": Tensor("BF16", [3 * d, d]),
-                f"vision.blocks.{b}.attn.proj.weight": Tensor("BF16", [d, d]),
-                f"vision.blocks.{b}.mlp.fc1.weight": Tensor("BF16", [4 * d, d]),
-                f"vision.blocks.{b}.mlp.fc2.weight": Tensor("BF16", [d, 4 * d]),
-            }
-        )
-    tensors["aligner.proj.weight"] = Tensor("BF16", [h, 9 * d])
-    for token in ("image_start", "image_end", "image_newline", "image_pad"):
-        tensors[token] = Tensor("BF16", [h])
-    return tensors
+    return vision_tower(
+        g.vision_dim,
+        4 * g.vision_dim,
+        g.vision_layers,
+        g.hidden,
+        ("image_start", "image_end", "image_newline", "image_pad"),
+    )
+
+
+def dspark_heads(g: Geometry, stages: int) -> dict[str, Tensor]:
+    """A V4 DSpark draft's own heads (vLLM deepseek_v4/nvidia/dspark.py): main_proj and main_norm on stage 0;
+    the final norm, hc_head, the Markov and confidence heads on the last stage."""
+    h, last = g.hidden, f"mtp.{stages - 1}"
+    width = 3 * h  # dspark_target_layer_ids: three target layers
+    return {
+        "mtp.0.main_proj.weight": Tensor("BF16", [h, width]),
+        "mtp.0.main_norm.weight": Tensor("BF16", [h]),
+        f"{last}.norm.weight": Tensor("BF16", [h]),
+        **hc_head(g, f"{last}."),
+        f"{last}.markov_head.markov_w1.weight": Tensor("BF16", [g.vocab, g.markov_rank]),
+        f"{last}.markov_head.markov_w2.weight": Tensor("BF16", [g.vocab, g.markov_rank]),
+        f"{last}.confidence_head.proj.weight": Tensor("BF16", [1, h + g.markov_rank]),
+    }
 
 
 # ------------------------------------------------------------------ the MixedK pack
@@ -247,15 +326,16 @@ def mixedk_shards(g: Geometry) -> Shards:
                 **routed_experts(g, f"layers.{layer}", k_of(g, layer)),
             }
         )
-    units.append({"norm.weight": Tensor("BF16", [g.hidden]), "head.weight": Tensor("BF16", [g.vocab, g.hidden])})
+    units.append(
+        {"norm.weight": Tensor("BF16", [g.hidden]), "head.weight": Tensor("BF16", [g.vocab, g.hidden]), **hc_head(g)}
+    )
     for i, unit in enumerate(units):
         shards[names[i * main // len(units)]].update(unit)
     for m in range(g.mtp_layers):
         target = shards[names[main + m]]
         target.update(block_tensors(g, f"mtp.{m}", 0, hash_layer=False))
-        target.update({f"mtp.{m}.{p}.weight": Tensor("BF16", [g.hidden, g.hidden]) for p in ("e_proj", "h_proj")})
-        target.update({f"mtp.{m}.{n}.weight": Tensor("BF16", [g.hidden]) for n in ("enorm", "hnorm", "norm")})
         target.update(source_mtp_experts(g, f"mtp.{m}"))
+    shards[names[-1]].update(dspark_heads(g, g.mtp_layers))
     return shards
 
 

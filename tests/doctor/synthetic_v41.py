@@ -32,6 +32,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .synthetic import MUL1, Shards, Tensor, shard_name, write_pack
+from .synthetic import vision_tower as synthetic_vision_tower
 
 
 @dataclass(frozen=True)
@@ -241,35 +242,20 @@ def engram_table(g: Geometry41, layer: int, rows: int) -> dict[str, Tensor]:
 
 
 def vision_tower(g: Geometry41) -> dict[str, Tensor]:
-    d, h, inter = g.vision_dim, g.hidden, g.vision_intermediate
-    tensors = {
-        "vision.patch_embed.weight": Tensor("BF16", [d, 3, 14, 14]),
-        "vision.norm.weight": Tensor("BF16", [d]),
-        "aligner.w1.weight": Tensor("BF16", [h, 9 * d]),
-        "aligner.w1.bias": Tensor("BF16", [h]),
-        "aligner.w2.weight": Tensor("BF16", [h, h]),
-        "aligner.w2.bias": Tensor("BF16", [h]),
-        "image_start": Tensor("BF16", [h]),
-        "image_end": Tensor("BF16", [h]),
-        "image_newline": Tensor("BF16", [h]),
-    }
-    for b in range(g.vision_layers):
-        tensors.update(
-            {
-                f"vision.blocks.{b}.attn.qkv.weight": Tensor("BF16", [3 * d, d]),
-                f"vision.blocks.{b}.attn.proj.weight": Tensor("BF16", [d, d]),
-                f"vision.blocks.{b}.mlp.fc1.weight": Tensor("BF16", [inter, d]),
-                f"vision.blocks.{b}.mlp.fc2.weight": Tensor("BF16", [d, inter]),
-            }
-        )
-    return tensors
+    """V4's tower, which V4.1's vision class builds too (deepseek_v41/nvidia/vl_model.py), with V4.1's three
+    image tokens (no image_pad)."""
+    return synthetic_vision_tower(
+        g.vision_dim, g.vision_intermediate, g.vision_layers, g.hidden, ("image_start", "image_end", "image_newline")
+    )
 
 
-def draft_block(g: Geometry41, m: int, dense: bool) -> dict[str, Tensor]:
+def draft_block(g: Geometry41, m: int, dense: bool, vision: bool = True) -> dict[str, Tensor]:
     """A DSpark stage ``mtp.m``: a full decoder block with 128 (source FP4, or EXL3) experts, and the
     stage's own heads (main_proj on mtp.0, the Markov and confidence heads on the last)."""
     prefix, h = f"mtp.{m}", g.hidden
     tensors = backbone(g, prefix, None, dense, g.dspark_experts)
+    if vision:  # the draft's MoE has the vision gate too: the base's 1,621 non-routed tensors count its 3 stages'
+        tensors[f"{prefix}.ffn.gate.bias_vl"] = Tensor("F32", [g.dspark_experts])
     if dense:
         tensors.update(exl3_experts(prefix, g.dspark_experts, h, g.moe_intermediate, 4))
     else:
@@ -325,7 +311,7 @@ def v41_shards(
     else:
         top["head.weight"] = Tensor("BF16", [g.vocab, g.hidden])
     units.append(top)
-    units += [draft_block(g, m, dense) for m in range(g.mtp_layers)]
+    units += [draft_block(g, m, dense, vision) for m in range(g.mtp_layers)]
     while len(units) < main:  # no shard left empty: split the largest unit
         big = max(units, key=len)
         items = list(big.items())

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import random
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -22,6 +24,7 @@ from patch_dsv4.doctor.readers import pack as pack_module
 from patch_dsv4.doctor.readers.base import CHECKS, FAIL, PASS, ROW_LIMIT, SKIP, DoctorContext, Row, run_checks
 from patch_dsv4.doctor.readers.safetensors import Shard
 from patch_dsv4.doctor.run import _register_checks
+from patch_dsv4.output.errors import EnvironmentProblem
 from tests.conftest import ROOT, run_cli
 from tests.doctor.synthetic import (
     DSPARK,
@@ -480,3 +483,110 @@ def test_type_wrong_v41_configs_give_rows_not_internal_errors(seed, tmp_path):
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
+
+
+# ------------------------------------------------------------------ a hostile Hub: bounded in time and memory
+
+HUB_REPO = "hostile/pack"
+# ``python -m patch_dsv4`` that writes its peak RSS (kB) to $HWM_FILE as it exits.
+PEAK_MAIN = """
+import atexit, os, runpy, sys
+def peak():
+    with open("/proc/self/status") as status:
+        line = next(line for line in status if line.startswith("VmHWM:"))
+    with open(os.environ["HWM_FILE"], "w") as out:
+        out.write(line.split()[1])
+atexit.register(peak)
+sys.argv[0] = "patch-dsv4"
+runpy.run_module("patch_dsv4", run_name="__main__", alter_sys=True)
+"""
+ESCAPES = "\x1b]0;owned\x07\x1b[2J"  # a window title set, then the screen cleared
+LATE = "no answer within the 6 s doctor gives the Hub, reading "
+TOO_MANY = "the server refused it as too many requests"
+
+
+@pytest.fixture(scope="module")
+def hostile_hub(tmp_path_factory):
+    """(a vLLM 0.34.0 tree, a small V4.1 pack, a runner of the doctor command against a stand-in Hub serving it)."""
+    pytest.importorskip("huggingface_hub")
+    from tests.doctor.synthetic_v41 import SMALL41, build_v41_pack
+    from tests.releases import copy_tree, pristine_tree
+
+    work = tmp_path_factory.mktemp("hostile-hub")
+    tree = copy_tree(pristine_tree("0.34.0"), work / "site-packages")
+    pack = build_v41_pack(work / "pack", SMALL41)
+
+    def doctor(hub, *args: str) -> tuple[float, float, int, str, str]:
+        """(seconds, peak RSS in MB, exit status, stdout, stderr) of doctor on the Hub pack, in a fresh process."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "PATCH_DSV4_")) and "PROXY" not in k}
+        env.update(HF_ENDPOINT=hub.endpoint, HF_HOME=str(work / "hf-home"), NO_PROXY="127.0.0.1")
+        env.update(HF_HUB_DISABLE_TELEMETRY="1", HWM_FILE=str(work / "hwm"))
+        command = [sys.executable, "-c", PEAK_MAIN, "doctor", "--site-packages", str(tree)]
+        started = time.monotonic()
+        proc = subprocess.run(
+            [*command, "--pack", f"hf://{HUB_REPO}", *args], capture_output=True, text=True, env=env, timeout=120
+        )
+        seconds = time.monotonic() - started
+        return seconds, int((work / "hwm").read_text()) / 1024, proc.returncode, proc.stdout, proc.stderr
+
+    return tree, pack, doctor
+
+
+@pytest.mark.parametrize(
+    "switch, said",
+    [
+        ({"stall": {"tree"}}, "no answer within the 6 s doctor gives the Hub, reading its listing"),
+        (
+            {"trickle": {"tree", "head", "get", "cdn"}},
+            "no answer within the 6 s doctor gives the Hub, reading config.json",
+        ),
+        (
+            {"rate_limit": {"tree"}},
+            "listing its files: the server refused it as too many requests (HTTP 429, Retry-After '100000')",
+        ),
+        ({"endless_pages": True}, "the listing runs past 100 pages"),
+        ({"gzip_bomb": True}, "listing its files: more than the 16,777,216 bytes doctor reads (once decoded)"),
+    ],
+    ids=["listing-never-answers", "a-byte-a-second", "429-retry-after-100000", "endless-next-pages", "gzip-bomb"],
+)
+def test_a_hostile_hub_stops_doctor_with_one_line_in_bounded_time_and_memory(hostile_hub, switch, said):
+    from tests.doctor.hub_server import serving
+
+    _, pack, doctor = hostile_hub
+    with serving({HUB_REPO: pack}, cdn=True) as hub:
+        for name, value in switch.items():
+            setattr(hub, name, value)
+        seconds, rss, code, stdout, stderr = doctor(hub, "--hub-timeout", "6")
+    (line,) = error_lines(stderr)
+    assert code == 2 and stdout == "" and "Traceback" not in stderr
+    assert line.startswith(f"patch-dsv4: error: cannot read hf://{HUB_REPO} from {hub.endpoint}: {said}"), line
+    assert seconds < 6 + 30  # the deadline, and the start of a Python process on a busy machine
+    assert rss < 300
+
+
+def test_the_hub_deadline_comes_from_the_environment_and_a_bad_one_is_one_line(hostile_hub, monkeypatch):
+    from patch_dsv4.doctor.readers.hub import DEADLINE, hub_deadline
+
+    assert hub_deadline(None, {}) == DEADLINE and hub_deadline(3, {"PATCH_DSV4_HUB_TIMEOUT": "9"}) == 3
+    assert hub_deadline(None, {"PATCH_DSV4_HUB_TIMEOUT": "9"}) == 9
+    for bad in ("soon", "0", "-1", "nan", "1e9"):
+        with pytest.raises(EnvironmentProblem, match="PATCH_DSV4_HUB_TIMEOUT .* is not a number of seconds"):
+            hub_deadline(None, {"PATCH_DSV4_HUB_TIMEOUT": bad})
+
+
+def test_a_file_name_with_terminal_escapes_is_shown_escaped(hostile_hub):
+    from tests.doctor.hub_server import serving
+
+    _, pack, doctor = hostile_hub
+    name = f"{ESCAPES}model-00009-of-00008.safetensors"
+    with serving({HUB_REPO: pack}, cdn=True) as hub:
+        hub.extra_files = {name: 4096}
+        seconds, rss, code, stdout, stderr = doctor(hub, "--hub-timeout", "20")
+        _, _, _, as_json, _ = doctor(hub, "--hub-timeout", "20", "--json")
+    assert code == 1 and "Traceback" not in stderr
+    assert not {"\x1b", "\x07"} & set(stdout + stderr + as_json)
+    escaped = r"\x1b]0;owned\x07\x1b[2Jmodel-00009-of-00008.safetensors"
+    assert escaped in stdout
+    row = {row["id"]: row for row in json.loads(as_json)["checks"]}["pack.shards"]
+    assert row["status"] == FAIL and f"{escaped}: is not on the server" in row["detail"]
+    assert seconds < 60 and rss < 300

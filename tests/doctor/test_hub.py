@@ -5,12 +5,13 @@ a stand-in Hub on loopback (tests/doctor/hub_server.py) serving synthetic packs 
 from __future__ import annotations
 
 import os
+import shlex
 import struct
 import sys
+from collections import Counter
 
 import pytest
 
-from patch_dsv4.doctor.readers import hub as hub_module
 from patch_dsv4.doctor.readers.base import DoctorContext, run_checks
 from patch_dsv4.doctor.readers.hub import open_source
 from patch_dsv4.doctor.run import _read_hub_pack, _register_checks, pack_checks
@@ -19,6 +20,7 @@ from tests.conftest import run_cli
 from tests.doctor.hub_server import commit_of, serving
 from tests.doctor.synthetic import build_mixedk_pack
 from tests.doctor.synthetic_v41 import FLASH, SMALL41, build_v41_pack
+from tests.errors import error_lines
 
 REPO = "vcruz305/DeepSeek-V4.1-Flash-EXL3"
 # What a Hub pack cannot be judged on as a local one is: links on a disk, the markers in the data, where it is.
@@ -94,12 +96,56 @@ def test_a_full_size_v41_pack_on_the_hub_is_judged_as_on_disk_from_its_headers_a
     assert source.bytes_read <= 2 * headers + json_bytes(full_v41)
     assert hub.bytes_sent - hub.tree_bytes == source.bytes_read  # doctor's count is what the server sent
     assert hub.payload_bytes <= headers
-    assert all(rng is not None for method, path, rng in hub.requests if path.endswith(".safetensors"))
+    assert all(
+        rng is not None for method, path, rng in hub.requests if method == "GET" and path.endswith(".safetensors")
+    )
     info = rows["pack.source"]
     assert info.status == "info" and commit_of(REPO) in info.detail
     assert f"read {source.bytes_read:,} bytes" in info.detail and "no shard downloaded" in info.detail
     assert rows["experts.markers"].status == "skip" and "does not read from the Hub" in rows["experts.markers"].detail
     assert rows["pack.symlinks"].status == "skip"
+
+
+def test_behind_a_cdn_every_header_is_asked_for_at_once_with_one_range_each(hub_env, full_v41):
+    """The Hub answers a large file with a redirect to a CDN: the ranged GET is made there, its Range kept and
+    the token left behind; the headers are asked for side by side, each with one range in the common case
+    (its size from the index), and no more bytes than the headers and a few percent."""
+    shards = sorted(p.name for p in full_v41.glob("*.safetensors"))
+    with serving({REPO: full_v41}, cdn=True, delay=0.05) as hub:
+        hub.token = "hf_test_token"
+        hub_env.setenv("HF_ENDPOINT", hub.endpoint)
+        hub_env.setenv("HF_TOKEN", hub.token)
+        ctx, rows = judge(f"hf://{REPO}")
+    local = local_rows(full_v41)
+    assert {i: (r.status, r.detail) for i, r in rows.items() if i not in HUB_ONLY} == {
+        i: (r.status, r.detail.replace(str(full_v41), f"hf://{REPO}")) for i, r in local.items() if i not in HUB_ONLY
+    }
+    at_cdn = [(path.rsplit("/", 1)[1], rng) for method, path, rng in hub.requests if path.startswith("/cdn/")]
+    ranges = Counter(name for name, rng in at_cdn if name in shards)
+    assert all(rng is not None for name, rng in at_cdn if name in shards)  # the Range went along
+    assert set(ranges) == set(shards) and sum(n == 1 for n in ranges.values()) >= 0.8 * len(shards)
+    assert max(ranges.values()) <= 2
+    assert hub.cdn_authorization == 0  # the token stays with the Hub
+    assert hub.most_in_flight >= 16  # side by side, not one after the other
+    assert ctx.source.header_bytes <= 1.05 * headers_bytes(full_v41)
+    assert hub.bytes_sent - hub.tree_bytes == ctx.source.bytes_read
+
+
+def test_a_redirect_to_the_cdn_is_followed_with_its_range(hub_env, tmp_path):
+    """Where a HEAD gives no link (a mirror answering it itself), the ranged GET goes to the Hub, whose 302 is
+    followed to the CDN with the same Range."""
+    pack = build_v41_pack(tmp_path / "pack", SMALL41)
+    shards = sorted(p.name for p in pack.glob("*.safetensors"))
+    with serving({REPO: pack}, cdn=True) as hub:
+        hub.head_redirects = False
+        hub_env.setenv("HF_ENDPOINT", hub.endpoint)
+        _, rows = judge(f"hf://{REPO}")
+    assert rows["pack.shards"].status == "pass"
+    gets = [(path.rsplit("/", 1)[1], path, rng) for method, path, rng in hub.requests if method == "GET"]
+    asked, at_cdn = {}, {}
+    for name, path, rng in gets:  # each shard's first range, asked of the Hub and then of the CDN
+        (asked if "/resolve/" in path else at_cdn if path.startswith("/cdn/") else {}).setdefault(name, rng)
+    assert all(asked[name] is not None and at_cdn[name] == asked[name] for name in shards)
 
 
 def test_doctor_from_the_hub_as_a_user_runs_it(hub_env, make_tree, tmp_path):
@@ -252,8 +298,8 @@ def test_without_huggingface_hub_the_error_says_which_extra_to_install(monkeypat
     monkeypatch.setitem(sys.modules, "huggingface_hub", None)
     with pytest.raises(EnvironmentProblem) as raised:
         open_source(f"hf://{REPO}")
-    assert "pip install 'patch-dsv4[hub]'" in raised.value.line()
-    assert hub_module.INSTALL == "pip install 'patch-dsv4[hub]'"
+    # into the interpreter that runs patch-dsv4, whichever pip is first on PATH
+    assert f"{shlex.quote(sys.executable)} -m pip install 'patch-dsv4[hub]'" in raised.value.line()
 
 
 def test_fix_config_on_a_hub_pack_prints_the_edits_and_writes_nothing(hub_env, make_tree, tmp_path):
@@ -288,3 +334,79 @@ def test_fix_config_on_a_v41_hub_pack_prints_v41s_own_edits(hub_env, tmp_path):
     assert result.written is False and result.refused is None
     assert '-    "quant_method": "fp8"' in result.diff and '+    "quant_method": "exl3"' in result.diff
     assert (pack / "config.json").read_bytes() == before
+
+
+def test_an_empty_hf_endpoint_means_the_hub_and_a_bare_host_is_one_clear_line(hub_env, make_tree):
+    """``HF_ENDPOINT=""`` (a script's ``HF_ENDPOINT=$MIRROR`` with no mirror) reads from the Hub, as if unset;
+    ``HF_ENDPOINT=hf-mirror.com`` (no scheme) is said to be no URL. Offline, so nothing leaves the machine."""
+    import subprocess
+
+    tree = make_tree("0.34.0")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    env.update(HF_ENDPOINT="", HF_HUB_OFFLINE="1", HF_HOME=os.environ["HF_HOME"])
+    command = [sys.executable, "-m", "patch_dsv4", "doctor", "--site-packages", str(tree), "--pack", f"hf://{REPO}"]
+    proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
+    (line,) = error_lines(proc.stderr)
+    assert proc.returncode == 2 and line.startswith(
+        f"patch-dsv4: error: cannot read hf://{REPO} from https://huggingface.co: HF_HUB_OFFLINE is set"
+    )
+    hub_env.setenv("HF_ENDPOINT", "hf-mirror.com")
+    result = run_cli("doctor", "--site-packages", tree, "--pack", f"hf://{REPO}")
+    (line,) = error_lines(result.stderr)
+    assert result.code == 2 and line.startswith("patch-dsv4: error: HF_ENDPOINT='hf-mirror.com' is not a URL")
+    assert "UnsupportedProtocol" not in result.stderr
+
+
+def _doctor_on_a_terminal(tree, endpoint: str, *args: str) -> tuple[int, str, str]:
+    """(exit status, stdout, what reached the terminal) of doctor in a fresh process whose stderr is a terminal
+    (a pseudo-terminal this test reads) and whose stdout is a pipe."""
+    import pty
+    import subprocess
+    import threading
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    env.update(HF_ENDPOINT=endpoint, HF_HOME=os.environ["HF_HOME"], TERM="xterm", COLUMNS="80", NO_PROXY="127.0.0.1")
+    master, slave = pty.openpty()
+    command = [sys.executable, "-m", "patch_dsv4", "doctor", "--site-packages", str(tree), "--pack", f"hf://{REPO}"]
+    proc = subprocess.Popen([*command, *args], stdout=subprocess.PIPE, stderr=slave, env=env)
+    os.close(slave)
+    seen = bytearray()
+
+    def read() -> None:
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # the terminal's other end closed
+                return
+            if not chunk:
+                return
+            seen.extend(chunk)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    stdout, _ = proc.communicate(timeout=120)
+    reader.join(timeout=10)
+    os.close(master)
+    return proc.returncode, stdout.decode(), seen.decode("utf-8", "replace")
+
+
+def test_reading_from_the_hub_shows_progress_on_a_terminal_only(hub_env, make_tree, tmp_path):
+    """On a terminal doctor shows what it has read (headers, requests, bytes) while it reads; nothing extra on
+    a pipe or with -q."""
+    import subprocess
+
+    tree = make_tree("0.34.0")
+    pack = build_v41_pack(tmp_path / "pack", SMALL41)
+    with serving({REPO: pack}, cdn=True, delay=0.2) as hub:
+        code, stdout, terminal = _doctor_on_a_terminal(tree, hub.endpoint)
+        assert code == 1 and "pack.source" in stdout
+        assert f"reading hf://{REPO}" in terminal and "headers," in terminal and " requests, " in terminal
+        code, stdout, terminal = _doctor_on_a_terminal(tree, hub.endpoint, "-q")
+        assert code == 1 and terminal == ""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+        env.update(HF_ENDPOINT=hub.endpoint, HF_HOME=os.environ["HF_HOME"], NO_PROXY="127.0.0.1")
+        command = [sys.executable, "-m", "patch_dsv4", "doctor", "--site-packages", str(tree)]
+        piped = subprocess.run(
+            [*command, "--pack", f"hf://{REPO}"], capture_output=True, text=True, env=env, timeout=120
+        )
+    assert piped.returncode == 1 and piped.stderr == ""

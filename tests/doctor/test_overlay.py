@@ -66,9 +66,8 @@ def test_weight_utils_from_0_30_on_0_34_names_the_overlay_the_missing_names_and_
         assert name in row.detail
     assert f"{V41_MODEL}:52 imports drop_checkpoint_cache" in row.detail
     assert row.detail.endswith("vLLM stops at import (ImportError).")
-    assert f"Restore vLLM 0.34.0's own {WEIGHT_UTILS} (pip install --force-reinstall --no-deps vllm==0.34.0)" in (
-        row.fix
-    )
+    reinstall = f"pip install --no-deps --upgrade --target {tree034} --force-reinstall vllm==0.34.0"
+    assert f"Restore vLLM 0.34.0's own {WEIGHT_UTILS} ({reinstall})" in row.fix
     # A name the overlay keeps is no finding: default_weight_loader is in both releases.
     assert "default_weight_loader" not in row.detail
 

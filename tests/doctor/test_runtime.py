@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import shlex
 import shutil
+import sys
 
 import pytest
 
 import patch_dsv4.doctor.checks.overlay  # noqa: F401  (registers rt.overlay-imports)
 import patch_dsv4.doctor.checks.runtime  # noqa: F401  (registers the rt.* checks)
+from tests.doctor import pip_index
 from tests.doctor.fake_runtime import (
     DEPLOYMENTS,
     EM_X86_64,
@@ -126,6 +129,18 @@ def test_pending_patch_names_its_late_symptom(tmp_path):
     assert row.fix == f"patch-dsv4 apply --site-packages {deployment.site}"
 
 
+def test_every_patch_says_what_serving_without_it_does_and_doctor_prints_that(tmp_path):
+    """The serve-time impact lives on the patch (Patch.serve_impact), not in a doctor table keyed by id."""
+    from patch_dsv4.patching.registry import discover_patches
+
+    deployment = vcruz305(tmp_path)
+    for patch in discover_patches():
+        assert patch.serve_impact, patch.id
+        deployment.set_verdict(patch.id, "drifted")
+        row = _patch_row(deployment.context(), patch.id)
+        assert row.status == "fail" and f"without it {patch.serve_impact}." in row.detail
+
+
 def test_without_verdicts_the_patch_row_is_skipped(tmp_path):
     deployment = vcruz305(tmp_path)
     deployment.change_runtime(patch_verdicts=None)
@@ -135,12 +150,16 @@ def test_without_verdicts_the_patch_row_is_skipped(tmp_path):
 # --- rt.flashinfer -----------------------------------------------------------------------------
 
 
-def test_flashinfer_0_6_16_has_no_decode_kernel_for_topk_192(tmp_path):
+def test_flashinfer_0_6_16_has_no_decode_kernel_for_topk_192(tmp_path, monkeypatch):
+    pip_index.serve(monkeypatch, tmp_path, ["0.6.16.post3", "0.6.18", "0.7.4"])
     deployment = vcruz305(tmp_path, flashinfer="0.6.16.post3")  # vLLM 0.28.0's own pin
     row = check_row(deployment.context(), "rt.flashinfer")
     assert row.status == "fail"
     assert "(heads=64, topk=192) is not in flashinfer/mla/_sparse_mla_sm120.py" in row.detail
-    assert row.fix == "pip install flashinfer-python==0.6.18 (vLLM 0.28.0 pins 0.6.16.post3: override it)"
+    assert row.fix == (
+        f"pip install --no-deps --upgrade --target {deployment.site} flashinfer-python==0.6.18 "
+        "(vLLM 0.28.0 pins 0.6.16.post3: override it)"
+    )
 
 
 def test_flashinfer_0_6_16_serves_topk_512(tmp_path):
@@ -164,13 +183,57 @@ def test_a_predicate_table_is_judged_by_version(tmp_path):
     assert "run-time predicate" in row.detail
 
 
-def test_flashinfer_not_installed_fails_with_the_pin(tmp_path):
+def test_flashinfer_not_installed_fails_with_the_pin(tmp_path, monkeypatch):
+    pip_index.serve(monkeypatch, tmp_path, ["0.7.2.post1", "0.7.4"])
     deployment = lna_lab(tmp_path)
     shutil.rmtree(deployment.site / "flashinfer")
-    deployment.change_runtime(flashinfer_source="pinned")
+    deployment.change_runtime(flashinfer_source="pinned", target_args=" --python /opt/venv/bin/python")
     row = check_row(deployment.context(), "rt.flashinfer")
     assert row.status == "fail"
-    assert row.fix == "pip install flashinfer-python==0.7.2.post1"
+    assert row.fix == "/opt/venv/bin/python -m pip install flashinfer-python==0.7.2.post1 (vLLM 0.33.0's pin)"
+
+
+def _pin(site, version: str) -> None:
+    """vLLM's METADATA in ``site`` made to pin flashinfer-python==version (0.34.0 pins 0.7.3)."""
+    (metadata,) = site.glob("vllm-*.dist-info/METADATA")
+    text = metadata.read_text()
+    pinned = [line for line in text.splitlines() if line.startswith("Requires-Dist: flashinfer-python")]
+    new = f"Requires-Dist: flashinfer-python=={version}"
+    metadata.write_text(text.replace(pinned[0], new) if pinned else text + new + "\n")
+
+
+def test_a_pin_pips_index_does_not_serve_is_fixed_with_the_nearest_version_it_serves(tmp_path, monkeypatch):
+    """vLLM 0.34.0 pins flashinfer-python==0.7.3, which the index does not serve (0.7.2.post1 and 0.7.4): the fix
+    names 0.7.4 and says why, with the serving interpreter's pip, not whichever is on PATH."""
+    pip_index.serve(monkeypatch, tmp_path, ["0.7.2.post1", "0.7.4"])
+    deployment = lna_lab(tmp_path)
+    _pin(deployment.site, "0.7.3")
+    shutil.rmtree(deployment.site / "flashinfer")
+    deployment.change_runtime(target_args=" --python /opt/venv/bin/python")
+    row = check_row(deployment.context(), "rt.flashinfer")
+    assert row.status == "fail"
+    assert row.fix == (
+        "/opt/venv/bin/python -m pip install flashinfer-python==0.7.4 (vLLM 0.33.0's pin) "
+        "(0.7.3 is not on pip's index; 0.7.4 is the nearest above it that it serves)"
+    )
+    deployment.change_runtime(target_args="")  # doctor's own interpreter's environment
+    assert check_row(deployment.context(), "rt.flashinfer").fix.startswith(
+        f"{shlex.quote(sys.executable)} -m pip install flashinfer-python==0.7.4 "
+    )
+
+
+def test_offline_the_fix_names_a_range_and_how_to_see_what_is_served(tmp_path, monkeypatch):
+    pip_index.offline(monkeypatch)
+    deployment = lna_lab(tmp_path)
+    _pin(deployment.site, "0.7.3")
+    shutil.rmtree(deployment.site / "flashinfer")
+    row = check_row(deployment.context(), "rt.flashinfer")
+    assert row.fix == (
+        f"pip install --no-deps --upgrade --target {deployment.site} 'flashinfer-python>=0.7.3,<0.8' "
+        "(vLLM 0.33.0's pin) (pip's index could not be asked whether it serves 0.7.3; "
+        f"{shlex.quote(sys.executable)} -m pip index versions flashinfer-python lists what it serves)"
+    )
+    assert "==0.7.3" not in row.fix
 
 
 def test_flashinfer_table_does_not_apply_to_flashmla_gpus(tmp_path):
@@ -220,7 +283,9 @@ def test_0_33_needs_ninja(tmp_path):
     row = check_row(deployment.context(), "rt.flashinfer-jit")
     assert row.status == "fail"
     assert "ninja is not on PATH" in row.detail
-    assert row.fix.startswith("pip install ninja into the serving venv")
+    assert row.fix.startswith(
+        f"pip install --no-deps --upgrade --target {deployment.site} ninja and put {deployment.site}/bin on PATH"
+    )
 
 
 def test_flashinfer_cubin_waives_the_toolchain(tmp_path):
@@ -239,7 +304,10 @@ def test_jit_only_exllamav3_fails(tmp_path):
     row = check_row(deployment.context(), "rt.exllamav3-ext")
     assert row.status == "fail"
     assert "not installed as a compiled extension" in row.detail
-    assert "TORCH_CUDA_ARCH_LIST='12.1a' pip install --no-build-isolation ./exllamav3" in row.fix
+    assert (
+        f"TORCH_CUDA_ARCH_LIST='12.1a' pip install --no-deps --upgrade --target {deployment.site} "
+        "--no-build-isolation ./exllamav3" in row.fix
+    )
     assert "patch_exllamav3_aarch64.py" in row.fix
 
 
@@ -326,7 +394,7 @@ def test_plugin_distribution_without_entry_point_fails(tmp_path):
     row = check_row(deployment.context(), "rt.plugin")
     assert row.status == "fail"
     assert "registers no vllm.general_plugins entry point" in row.detail
-    assert "pip install git+https://github.com/vcruz305/vllm-exl3@v0.3.0" in row.fix
+    assert f"--target {deployment.site} git+https://github.com/vcruz305/vllm-exl3@v0.3.0" in row.fix
 
 
 def test_plugin_not_installed_fails(tmp_path):
@@ -435,7 +503,9 @@ def test_cpu_torch_fails(tmp_path):
     row = check_row(deployment.context(), "rt.torch")
     assert row.status == "fail"
     assert "CPU-only build" in row.detail
-    assert row.fix.startswith("pip install --force-reinstall 'torch==2.13.0'")
+    assert row.fix.startswith(
+        f"pip install --no-deps --upgrade --target {deployment.site} --force-reinstall torch==2.13.0"
+    )
 
 
 def test_torch_other_than_the_pin_warns(tmp_path):
@@ -476,3 +546,22 @@ def test_garbled_files_never_raise(tmp_path, name):
     rows = module_rows(deployment.context(), "rt.")
     assert [r.detail for r in rows if "internal error" in r.detail] == []
     assert {r.id: r.status for r in rows}["rt.exllamav3-ext"] == "fail"
+
+
+def test_every_install_fix_of_the_command_names_the_target_and_a_served_version(make_tree, tmp_path, monkeypatch):
+    """As a user runs it on vLLM 0.34.0 with --site-packages: no fix installs with whichever pip is on PATH, and
+    none names flashinfer-python==0.7.3, the pin pip's index does not serve."""
+    from tests.conftest import run_cli
+    from tests.doctor.synthetic_v41 import SMALL41, build_v41_pack
+
+    pip_index.serve(monkeypatch, tmp_path, ["0.7.2.post1", "0.7.4"])
+    tree = make_tree("0.34.0")
+    pack = build_v41_pack(tmp_path / "pack", SMALL41)
+    result = run_cli("doctor", "--site-packages", tree, "--pack", pack, "--json")
+    fixes = [row["fix"] for row in result.json()["checks"] if row["fix"] and "pip " in row["fix"]]
+    assert len(fixes) >= 4  # FlashInfer, exllamav3, the plugin, torch
+    target = f"pip install --no-deps --upgrade --target {tree} "
+    for fix in fixes:
+        assert fix.count("pip install") == fix.count(target), fix
+    (flashinfer,) = [fix for fix in fixes if "flashinfer-python" in fix]
+    assert f"{target}flashinfer-python==0.7.4 (0.7.3 is not on pip's index;" in flashinfer

@@ -19,8 +19,9 @@ from patch_dsv4.doctor.checks.v41_config import v41_config_edits
 from patch_dsv4.doctor.fix_config import fix_config
 from patch_dsv4.doctor.readers.base import FAIL, INFO, PASS, SKIP, WARN, CheckSpec, DoctorContext, Runtime, run_checks
 from patch_dsv4.doctor.readers.family import V4, V41, family_of, flatten_v41
-from patch_dsv4.doctor.run import CHECKS, V4_ONLY, _register_checks
+from patch_dsv4.doctor.run import CHECKS, _register_checks
 from tests.conftest import run_cli
+from tests.doctor import pip_index
 from tests.doctor.fake_runtime import (
     install_exllamav3,
     install_flashinfer,
@@ -94,19 +95,34 @@ def test_the_family_comes_from_model_type_or_architectures():
     assert family_of({"architectures": ["DeepseekV41ForCausalLM"]}) == V41
 
 
-def test_every_v4_only_id_names_a_registered_check():
+def v4_only_ids() -> set[str]:
+    """The checks registered for V4 packs only (each says so at its @check)."""
     _register_checks()
-    ids = {spec.id for spec in CHECKS}
-    assert V4_ONLY <= ids
-    assert all(spec.family == V4 for spec in CHECKS if spec.id in V4_ONLY)
+    return {spec.id for spec in CHECKS if spec.family == V4}
+
+
+def test_the_rows_that_would_misread_a_v41_pack_are_registered_for_v4_packs_only():
+    """Where a check is registered is the one place its family is said: these V4 rows read numbers a V4.1
+    pack keeps elsewhere (v41-packs.md §1.1) and must not run on one."""
+    assert {
+        "pack.text-config",
+        "quant.layer-bits",
+        "experts.complete",
+        "dense.policy",
+        "config.topk-method",
+        "config.vision",
+        "rt.flashinfer",
+        "host.kv-budget",
+    } <= v4_only_ids()
+    assert all(spec.family in (None, V4, V41) for spec in CHECKS)
 
 
 def test_a_good_full_size_v41_pack_passes_every_pack_row(flash):
     ctx = DoctorContext(pack=flash)
     assert ctx.pack_family() == V41
     rows = run_pack_checks(flash)
-    assert not set(rows) & V4_ONLY
-    assert {"v41.config", "v41.engram-tables", "v41.backbone", "v41.experts", "v41.pack-kind"} <= set(rows)
+    assert not set(rows) & v4_only_ids()
+    assert {"v41.config", "v41.engram-tables", "backbone.complete", "v41.experts", "v41.pack-kind"} <= set(rows)
     assert all(row.status == PASS for row in rows.values()), [r for r in rows.values() if r.status != PASS]
     assert "40 layers, hidden 5120, 384 experts top-6, Engram on layers [1, 14]" in rows["v41.config"].detail
     assert "188.8 GiB" in rows["v41.engram-tables"].detail and "prime layout agrees" in rows["v41.engram-tables"].detail
@@ -133,7 +149,7 @@ def test_a_good_v41_pack_gets_no_false_fail_from_the_whole_report(flash):
     """Every row (runtime, environment, host included) on a bare environment: the V4.1 rows pass or say
     what they could not decide; no V4 row that would misread V4.1 runs."""
     rows = all_rows(flash, "-tp 4 --language-model-only")
-    assert not set(rows) & V4_ONLY
+    assert not set(rows) & v4_only_ids()
     v41 = {i: rows[i] for i in v41_ids() if i in rows}
     assert all(r.status in (PASS, INFO, WARN, SKIP) for r in v41.values()), v41
     assert rows["v41.indexer-topk"].status == INFO and "could not tell the GPU" in rows["v41.indexer-topk"].detail
@@ -146,7 +162,7 @@ def test_a_good_v41_pack_gets_no_false_fail_from_the_whole_report(flash):
     "variant, row, status, text",
     [
         ("no-engram", "v41.engram-tables", FAIL, "[silent] the pack has no Engram table for 1 layer"),
-        ("no-backbone", "v41.backbone", FAIL, "[silent] the pack lacks attention on 4 layers"),
+        ("no-backbone", "backbone.complete", FAIL, "[silent] 135 tensors vLLM creates are missing: attention 71"),
         ("engram-shape", "v41.engram-tables", FAIL, "[1201053, 64], the config"),
         ("flat-config", "v41.config", FAIL, "config.json is flat (no text_config)"),
         ("mismatched-type", "v41.config", FAIL, '"deepseek_v41" and architectures ["DeepseekV4ForCausalLM"]'),
@@ -338,7 +354,8 @@ def _dist(site: Path, name: str, version: str, requires: str = "") -> None:
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n{requires}")
 
 
-def test_flashinfer_against_vllms_pin_and_a_jit_cache_of_another_version(small, tmp_path):
+def test_flashinfer_against_vllms_pin_and_a_jit_cache_of_another_version(small, tmp_path, monkeypatch):
+    pip_index.serve(monkeypatch, tmp_path, ["0.7.2.post1", "0.7.3", "0.7.4"])
     pack = small()
     site = tmp_path / "site"
     runtime = fake_vllm(site, version="0.34.0")
@@ -348,6 +365,12 @@ def test_flashinfer_against_vllms_pin_and_a_jit_cache_of_another_version(small, 
     _dist(site, "flashinfer-jit-cache", "0.7.2.post1")
     row = all_rows(pack, runtime=runtime)["v41.flashinfer"]
     assert row.status == WARN and "flashinfer-jit-cache 0.7.2.post1 beside flashinfer-python 0.7.3" in row.detail
+    # --site-packages DIR: pip will not uninstall from a directory of its own; the files its RECORD lists go
+    cache = site / "flashinfer_jit_cache-0.7.2.post1.dist-info"
+    assert row.fix == f"rm -r {cache} (or install them at 0.7.3)"
+    as_python = replace(runtime, target_args=" --python /opt/venv/bin/python")
+    row = all_rows(pack, runtime=as_python)["v41.flashinfer"]
+    assert row.fix == "/opt/venv/bin/python -m pip uninstall -y flashinfer-jit-cache (or install them at 0.7.3)"
     for old in site.glob("flashinfer_*"):
         for f in old.iterdir():
             f.unlink()
@@ -355,6 +378,29 @@ def test_flashinfer_against_vllms_pin_and_a_jit_cache_of_another_version(small, 
     _dist(site, "flashinfer-python", "0.7.4")
     row = all_rows(pack, runtime=runtime)["v41.flashinfer"]
     assert row.status == WARN and "pins flashinfer-python==0.7.3; 0.7.4 is installed" in row.detail
+    assert row.fix == f"pip install --no-deps --upgrade --target {site} flashinfer-python==0.7.3"
+
+
+def test_flashinfer_nearest_the_pin_pips_index_serves_is_no_skew(small, tmp_path, monkeypatch):
+    """vLLM 0.34.0 pins 0.7.3, which pip's index does not serve (0.7.2.post1 and 0.7.4): 0.7.4 installed is what
+    a user can have, said as such; absent, the fix names 0.7.4 and says why, never the unserved 0.7.3."""
+    pip_index.serve(monkeypatch, tmp_path, ["0.7.2.post1", "0.7.4"])
+    pack = small()
+    site = tmp_path / "site"
+    runtime = fake_vllm(site, version="0.34.0")
+    _dist(site, "vllm", "0.34.0", "Requires-Dist: flashinfer-python==0.7.3\n")
+    _dist(site, "flashinfer-python", "0.7.4")
+    row = all_rows(pack, runtime=runtime)["v41.flashinfer"]
+    assert row.status == PASS
+    assert "(vLLM pins 0.7.3, which pip's index does not serve; 0.7.4 is the nearest above it)" in row.detail
+    for f in (site / "flashinfer_python-0.7.4.dist-info").iterdir():
+        f.unlink()
+    (site / "flashinfer_python-0.7.4.dist-info").rmdir()
+    row = all_rows(pack, runtime=runtime)["v41.flashinfer"]
+    assert row.fix == (
+        f"pip install --no-deps --upgrade --target {site} flashinfer-python==0.7.4 "
+        "(0.7.3 is not on pip's index; 0.7.4 is the nearest above it that it serves)"
+    )
 
 
 # ------------------------------------------------------------------ Engram capacity
@@ -497,7 +543,7 @@ def test_the_command_on_a_v41_pack_and_a_real_release(serving, flash, tmp_path):
     report = result.json()
     jsonschema.validate(report, SCHEMA)
     ids = {row["id"] for row in report["checks"]}
-    assert set(v41_ids()) <= ids and not ids & V4_ONLY
+    assert set(v41_ids()) <= ids and not ids & v4_only_ids()
     v41 = {r["id"]: r for r in report["checks"] if r["id"].startswith("v41.")}
     assert not [r for r in v41.values() if r["status"] == FAIL], v41
     nvidia_smi(tmp_path / "tools", [GB10])

@@ -9,6 +9,7 @@ from __future__ import annotations
 import shlex
 
 from patch_dsv4.doctor.readers.base import FAIL, PASS, WARN, DoctorContext, PackUnreadable, Row, check
+from patch_dsv4.doctor.readers.family import V4
 from patch_dsv4.doctor.readers.pack import (
     config_int,
     echo,
@@ -22,7 +23,7 @@ from patch_dsv4.doctor.readers.pack import (
 # --------------------------------------------------------------------------- checks: config.json
 
 
-@check("pack.config", needs=("pack",))
+@check("pack.config", needs=("pack",), family=V4)  # V4.1: v41.config
 def check_config(ctx: DoctorContext) -> Row:
     """FAIL if config.json is missing, unreadable or not a JSON object (R serve_one_spark_dsv4.sh:45-48)."""
     try:
@@ -39,7 +40,7 @@ def check_config(ctx: DoctorContext) -> Row:
     )
 
 
-@check("pack.text-config", needs=("pack",))
+@check("pack.text-config", needs=("pack",), family=V4)  # V4.1's text_config is its layout, not a fault
 def check_text_config(ctx: DoctorContext) -> Row:
     """FAIL if ``text_config`` is ``{}`` or lacks ``num_attention_heads``: vLLM adopts it as the whole
     text config and config parsing fails (R LOADER_NOTES.md:126-133; fix_pack_config.py:118-119)."""
@@ -94,7 +95,7 @@ def check_quant_method(ctx: DoctorContext) -> Row:
     )
 
 
-@check("quant.bits", needs=("pack",))
+@check("quant.bits", needs=("pack",), family=V4)  # V4.1 packs mix K per tensor (SAGE: K1-K6 in a layer): v41.experts
 def check_quant_bits(ctx: DoctorContext) -> Row:
     """FAIL if ``bits`` is not in 2-6 (ValueError at config parse); WARN when absent, since the plugin
     then sizes every layer missing from ``layer_bits`` for K4 (P exl3.py Exl3Config.__init__, from_config)."""

@@ -11,6 +11,7 @@ from collections import Counter, defaultdict
 
 from patch_dsv4.doctor.checks.config import fix_config_note
 from patch_dsv4.doctor.readers.base import FAIL, PASS, SKIP, WARN, DoctorContext, Row, check
+from patch_dsv4.doctor.readers.family import V4
 from patch_dsv4.doctor.readers.files import read_regular_file
 from patch_dsv4.doctor.readers.pack import (
     DENSE_LINEARS,
@@ -76,7 +77,7 @@ def _registered_quant_methods(text: str) -> set[str] | None:
 # --------------------------------------------------------------------------- checks: dense weights and MTP
 
 
-@check("dense.policy", needs=("pack",))
+@check("dense.policy", needs=("pack",), family=V4)  # V4.1's delegate is deepseek_v4_fp8 [32, 32]: v41.delegate
 def check_dense_policy(ctx: DoctorContext) -> Row:
     """FAIL if dense linears are BF16 without scales, not covered by ``non_routed_exl3``, the policy is
     not ``bf16_as_stored``, a ``non_routed_quantization`` delegate is declared (without one the plugin
@@ -128,7 +129,7 @@ def check_dense_policy(ctx: DoctorContext) -> Row:
     )
 
 
-@check("mtp.format", needs=("pack",))
+@check("mtp.format", needs=("pack",), family=V4)  # V4.1: v41.delegate
 def check_mtp_format(ctx: DoctorContext) -> Row:
     """The MTP experts' format must match ``mtp_experts*``: source format (``.weight`` I8 + ``.scale``
     F8_E8M0) needs ``mtp_experts: "source"``, ``mtp_experts_start_layer == num_hidden_layers`` and a
@@ -197,7 +198,7 @@ def check_mtp_format(ctx: DoctorContext) -> Row:
     )
 
 
-@check("quant.delegate", needs=("pack", "runtime"))
+@check("quant.delegate", needs=("pack", "runtime"), family=V4)  # V4.1: v41.delegate
 def check_quant_delegate(ctx: DoctorContext) -> Row:
     """FAIL if ``non_routed_quantization.quant_method`` is not a method the installed vLLM registers
     (``QuantizationMethods`` in vllm/model_executor/layers/quantization/__init__.py, read by AST):
@@ -254,7 +255,8 @@ def _declared_dense_bits(nre: dict, prefix: str, base: int) -> int | None | str:
     return k if k is not None else repr(raw)
 
 
-@check("dense.exl3-map", needs=("pack",))
+# non_routed_exl3 is V4's; V4.1 packs say it in their headers: v41.pack-kind
+@check("dense.exl3-map", needs=("pack",), family=V4)
 def check_dense_exl3_map(ctx: DoctorContext) -> Row:
     """FAIL if ``non_routed_exl3`` and the dense EXL3 tensors disagree: a declared prefix with no
     tensors, an EXL3 linear nobody declares, ``bits*16 !=`` trellis width, fused halves with different
@@ -370,7 +372,7 @@ def check_dense_exl3_map(ctx: DoctorContext) -> Row:
     return Row("dense.exl3-map", FAIL, first_of([p for p, _ in problems]) + ".", fix)
 
 
-@check("dense.wo-a-slices", needs=("pack",))
+@check("dense.wo-a-slices", needs=("pack",), family=V4)  # V4.1: v41.pack-kind
 def check_wo_a_slices(ctx: DoctorContext) -> Row:
     """FAIL unless a pack storing ``attn.wo_a.slice.N`` is served at --tensor-parallel-size = the number
     of slices (8) with lna-lab's dense patch applied to the installed vLLM (its ``attn.wo_a.slice``

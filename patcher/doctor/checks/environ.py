@@ -24,6 +24,7 @@ from patch_dsv4.doctor.readers.base import (
     check,
     clip,
 )
+from patch_dsv4.doctor.readers.family import V4
 from patch_dsv4.doctor.readers.files import read_regular_file
 from patch_dsv4.doctor.readers.pack import INDEX_NAME, pack_index, pack_scan
 from patch_dsv4.doctor.readers.serving_env import (
@@ -182,7 +183,7 @@ def _switch_on(value: str | None) -> bool:
         return False
 
 
-@check("env.shared-stream", needs=("pack",))
+@check("env.shared-stream", needs=("pack",), family=V4)  # V4.1: v41.shared-stream, from the headers
 def shared_expert_stream(ctx: DoctorContext) -> Row:
     """EXL3 shared experts need vLLM's second shared-expert stream switched off.
 
@@ -206,7 +207,7 @@ def shared_expert_stream(ctx: DoctorContext) -> Row:
     )
 
 
-@check("env.aux-streams", needs=("runtime", "pack"))
+@check("env.aux-streams", needs=("runtime", "pack"), family=V4)  # V4.1: v41.aux-streams (the compressor only)
 def attention_aux_streams(ctx: DoctorContext) -> Row:
     """EXL3 attention linears must stay off vLLM's DeepSeek-V4 auxiliary streams.
 
@@ -280,7 +281,7 @@ def plugin_loads_wo_a_slices(ctx: DoctorContext) -> bool | None:
     return any(name in text for name in SLICE_AWARE_LOADER)
 
 
-@check("env.dense-exl3", needs=("runtime", "pack"))
+@check("env.dense-exl3", needs=("runtime", "pack"), family=V4)  # V4.1: v41.pack-kind
 def dense_exl3_patches(ctx: DoctorContext) -> Row:
     """A pack with EXL3 attention or compressor linears needs the dense-exl3 patches (and aux-streams).
 
@@ -425,7 +426,7 @@ def allocator_for_long_context(ctx: DoctorContext) -> Row:
     """
     length, source = max_model_len(ctx)
     if length is None:
-        return Row("env.alloc-conf", SKIP, "no readable --max-model-len (nor a pack to take it from)")
+        return Row("env.alloc-conf", SKIP, _no_length(ctx))
     conf = ",".join(ctx.environ.get(v, "") for v in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"))
     expandable = "expandable_segments:True" in conf.replace(" ", "")
     if length > LONG_CONTEXT and not expandable:
@@ -438,6 +439,20 @@ def allocator_for_long_context(ctx: DoctorContext) -> Row:
         )
     said = "expandable segments on" if expandable else "expandable segments off"
     return Row("env.alloc-conf", PASS, f"{source} is {length:,} tokens, {said}.")
+
+
+def _no_length(ctx: DoctorContext) -> str:
+    """Why the context length is not known, as it is: a flag that is no number, no flag and no pack, or no flag
+    and a pack whose config.json gives no max_position_embeddings."""
+    flag = ctx.serve_flag("--max-model-len")
+    if flag is not None and flag.strip().lower() not in ("auto", "-1"):
+        return f"--max-model-len {clip(repr(flag))} is not a number of tokens"
+    said = "--max-model-len is auto" if flag is not None else "no --max-model-len in --serve-args"
+    if ctx.pack is None:
+        return f"{said} and no --pack whose max_position_embeddings would give the context length"
+    value = ctx.config().get("max_position_embeddings")
+    found = "has no max_position_embeddings" if value is None else f"gives max_position_embeddings {clip(repr(value))}"
+    return f"{said}, and the pack's config.json {found}: the context length is not known here"
 
 
 def moe_kernel_choices(ctx: DoctorContext) -> frozenset | None:

@@ -12,6 +12,7 @@ from collections import Counter, defaultdict
 
 from patch_dsv4.doctor.checks.config import fix_config_note
 from patch_dsv4.doctor.readers.base import FAIL, PASS, SKIP, DoctorContext, Row, check
+from patch_dsv4.doctor.readers.family import V4
 from patch_dsv4.doctor.readers.pack import (
     EXL3_COMPLETE,
     EXL3_PARTS,
@@ -66,7 +67,7 @@ def _expected_experts(dims: Dims, by_layer: dict[tuple[str, int], dict[int, int]
             yield "mtp", layer, EXL3_COMPLETE if exl3 else SOURCE_COMPLETE
 
 
-@check("experts.complete", needs=("pack",))
+@check("experts.complete", needs=("pack",), family=V4)  # V4.1's draft has dspark_n_routed_experts: v41.experts
 def check_experts_complete(ctx: DoctorContext) -> Row:
     """FAIL if any ``layers.L.ffn.experts.E.w{1,2,3}.{trellis,suh,svh}`` or its marker (for L <
     num_hidden_layers, E < n_routed_experts), or any tensor of an MTP block's experts in its format,
@@ -128,7 +129,7 @@ def _expected_layout(dims: Dims, projection: str, part: str, dtype: str, shape: 
     return None if ok else f"{want[0]} {want[1]}"
 
 
-@check("experts.shapes", needs=("pack",))
+@check("experts.shapes", needs=("pack",), family=V4)  # V4.1: v41.experts
 def check_experts_shapes(ctx: DoctorContext) -> Row:
     """FAIL unless each routed EXL3 expert tensor has the layout vllm-exl3 allocates: trellis I16
     [H/16, I/16, 16K] (w1/w3) or [I/16, H/16, 16K] (w2), suh/svh F16 of the input/output size, marker
@@ -173,7 +174,7 @@ def check_experts_shapes(ctx: DoctorContext) -> Row:
     )
 
 
-@check("experts.one-k", needs=("pack",))
+@check("experts.one-k", needs=("pack",), family=V4)  # V4.1: v41.experts
 def check_experts_one_k(ctx: DoctorContext) -> Row:
     """FAIL if a layer's experts mix trellis widths (gate/up/down or across experts) or a width is not
     a multiple of 16: per-layer bits cannot express it and the fused MoE needs one K per layer
@@ -211,7 +212,7 @@ def check_experts_one_k(ctx: DoctorContext) -> Row:
 # --------------------------------------------------------------------------- checks: trellis widths and markers
 
 
-@check("quant.layer-bits", needs=("pack",))
+@check("quant.layer-bits", needs=("pack",), family=V4)  # V4.1: v41.experts (K per tensor)
 def check_layer_bits(ctx: DoctorContext) -> Row:
     """FAIL if ``layer_bits.get(L, bits) * 16`` differs from layer L's trellis width, or an entry is
     not a K in 2-6: ``EXL3 load shape mismatch`` part-way through the load (R fix_pack_config.py:40,43-69;

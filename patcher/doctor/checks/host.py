@@ -12,6 +12,7 @@ import re
 
 from patch_dsv4.doctor.checks.runtime import build_exllamav3_fix, target_option
 from patch_dsv4.doctor.readers.base import FAIL, INFO, PASS, SKIP, WARN, DoctorContext, Row, check
+from patch_dsv4.doctor.readers.family import V4
 from patch_dsv4.doctor.readers.serving_env import (
     gib,
     gpu_memory_utilization,
@@ -142,7 +143,7 @@ def page_cache(ctx: DoctorContext) -> Row:
 _STREAMING = ("applied", "upstream", "not-applicable")
 
 
-@check("host.sorted-load", needs=("runtime", "pack"))
+@check("host.sorted-load", needs=("runtime", "pack"), family=V4)  # V4's vision class
 def sorted_vision_load(ctx: DoctorContext) -> Row:
     """Will vLLM's vision loader hold the whole pack in host memory?
 
@@ -228,7 +229,8 @@ def other_gpu_processes(ctx: DoctorContext) -> Row:
     return Row("host.other-model", PASS, "no compute process holds a GPU.")
 
 
-@check("host.kv-budget", needs=("pack",))
+# V4's 43 x (512 + 64) bytes a token; V4.1's memory: v41.engram-capacity
+@check("host.kv-budget", needs=("pack",), family=V4)
 def kv_budget(ctx: DoctorContext) -> Row:
     """Do the weights and one --max-model-len request's KV fit in --gpu-memory-utilization of a GPU?
 

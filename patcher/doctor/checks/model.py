@@ -9,6 +9,7 @@ import re
 
 from patch_dsv4.doctor.checks.config import fix_config_note
 from patch_dsv4.doctor.readers.base import FAIL, PASS, WARN, DoctorContext, Row, check
+from patch_dsv4.doctor.readers.family import V4
 from patch_dsv4.doctor.readers.pack import (
     MTP_DRAFT_METHODS,
     config_int,
@@ -22,7 +23,7 @@ from patch_dsv4.doctor.readers.pack import (
 # --------------------------------------------------------------------------- checks: model keys
 
 
-@check("config.topk-method", needs=("pack",))
+@check("config.topk-method", needs=("pack",), family=V4)  # V4.1: read through the flattened config by v41.config
 def check_topk_method(ctx: DoctorContext) -> Row:
     """FAIL if ``layers.N.ffn.gate.bias`` exists for N >= num_hash_layers and ``topk_method`` is not
     ``noaux_tc``: vLLM creates ``e_score_correction_bias`` only under noaux_tc, so the load raises
@@ -51,7 +52,7 @@ def check_topk_method(ctx: DoctorContext) -> Row:
     )
 
 
-@check("config.hash-layers", needs=("pack",))
+@check("config.hash-layers", needs=("pack",), family=V4)  # V4.1 has no hash layers
 def check_hash_layers(ctx: DoctorContext) -> Row:
     """FAIL if ``num_hash_layers`` is not the number of leading layers that carry ``ffn.gate.tid2eid``
     (R LOADER_NOTES.md:58-67)."""
@@ -80,7 +81,7 @@ def _vllm_minor(version: str | None) -> tuple[int, int] | None:
     return (int(match.group(1)), int(match.group(2))) if match else None
 
 
-@check("config.vision", needs=("pack",))
+@check("config.vision", needs=("pack",), family=V4)  # V4.1: v41.vision
 def check_vision(ctx: DoctorContext) -> Row:
     """FAIL if vision tensors (``vision.*``, ``aligner.*``, ``image_*``, ``ffn.gate.bias_vl``) are present
     but ``vision_n_layers`` is 0 or absent: vLLM >= 0.30 picks the text class and rejects them. WARN when
@@ -123,7 +124,7 @@ def check_vision(ctx: DoctorContext) -> Row:
     return Row("config.vision", PASS, f"vision_n_layers {layers} and {scan.vision_tensors} vision tensors agree.")
 
 
-@check("config.spec-k", needs=("pack",))
+@check("config.spec-k", needs=("pack",), family=V4)  # V4.1 drafts with DSpark only: v41.topology
 def check_spec_k(ctx: DoctorContext) -> Row:
     """FAIL if ``num_speculative_tokens`` k > n MTP layers and k % n != 0: vLLM rejects it at startup
     (V0.28.0 config/speculative.py:1066-1081; R README.md:433-435, "4 is rejected outright")."""

@@ -38,6 +38,7 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from patch_dsv4.doctor.checks.runtime import pip_install
 from patch_dsv4.doctor.readers.base import FAIL, PASS, SKIP, WARN, DoctorContext, Row, check, clip
 from patch_dsv4.doctor.readers.files import read_regular_file
 
@@ -407,7 +408,7 @@ def check_overlay_imports(ctx: DoctorContext) -> Row:
     except (OSError, UnicodeDecodeError, csv.Error) as exc:
         return Row("rt.overlay-imports", SKIP, f"{dist_info / 'RECORD'} cannot be read ({clip(str(exc))}).")
     suspects = find_suspects(root, record, record_mtime)
-    reinstall = f"pip install --force-reinstall --no-deps vllm=={version}"
+    reinstall = pip_install(ctx.runtime, "--no-deps", "--force-reinstall", f"vllm=={version}")
     if not suspects.all:
         hashed = f", {suspects.hashed} hashed (time stamps apart from the install's)" if suspects.hashed else ""
         return Row(

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import ast
 import os
+import shlex
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from patch_dsv4.doctor.readers.base import FAIL, INFO, PASS, SKIP, WARN, DoctorContext, Row, Runtime, check
+from patch_dsv4.doctor.readers.family import V4
 from patch_dsv4.doctor.readers.serving_env import (
     distributions,
     elf_machine,
@@ -37,10 +40,10 @@ GUARD_ENTRY_POINT = "patch_dsv4"
 FLASHINFER_DSV4_FLOOR = (0, 6, 18)  # first release with topk 192/256 in the SM120 DSV4 decode table
 EXLLAMAV3_FLOOR = (1, 4, 5)
 
-PLUGIN_INSTALL = (
-    "pip install git+https://github.com/vcruz305/vllm-exl3@v0.3.0 (vllm-exl3 is not on PyPI; "
-    "the v0.3.1 tag's exl3.py does not import)"
-)
+PLUGIN_SOURCE = "git+https://github.com/vcruz305/vllm-exl3@v0.3.0"
+PLUGIN_NOTE = " (vllm-exl3 is not on PyPI; the v0.3.1 tag's exl3.py does not import)"
+INDEX_OPTIONS = ("--retries", "0", "--timeout", "5")  # doctor asks pip's index briefly, once a run
+INDEX_TIMEOUT = 15.0  # seconds for that question at most (offline: the fix names a range instead)
 
 
 def target_option(runtime: Runtime) -> str:
@@ -49,6 +52,136 @@ def target_option(runtime: Runtime) -> str:
         return runtime.target_args
     root = runtime.vllm_root or (runtime.site_dirs[0] if runtime.site_dirs else None)
     return f" --site-packages {root}" if root else ""
+
+
+def _target(runtime: Runtime) -> tuple[str | None, str | None]:
+    """(the option, its value) that names the serving environment, as target_option gives it."""
+    words = shlex.split(target_option(runtime))
+    return (words[0], words[1]) if len(words) == 2 else (None, None)
+
+
+def pip_python(runtime: Runtime) -> str:
+    """The interpreter whose pip installs into the serving environment: ``--python EXE``'s, else this one's
+    (``--site-packages DIR`` installs with ``pip install --target DIR``)."""
+    option, value = _target(runtime)
+    return value if option == "--python" and value else sys.executable
+
+
+def _python_of_target(runtime: Runtime) -> str:
+    """A command line's python that imports from the serving environment."""
+    option, value = _target(runtime)
+    if option == "--site-packages" and value:
+        return f"PYTHONPATH={shlex.quote(value)} python3"
+    return shlex.quote(pip_python(runtime))
+
+
+def pip_install(runtime: Runtime, *args: str) -> str:
+    """``pip install ARGS`` into the serving environment as the user named it (the form rt.patches and every
+    command of the tool name it): ``EXE -m pip install`` for --python, ``pip install --no-deps --upgrade --target
+    DIR`` for --site-packages, this interpreter's pip by default; never whichever pip is first on PATH."""
+    option, value = _target(runtime)
+    if option == "--site-packages" and value:
+        head = ["pip", "install", "--no-deps", "--upgrade", "--target", shlex.quote(value)]
+        args = tuple(a for a in args if a not in head)
+    else:
+        head = [shlex.quote(pip_python(runtime)), "-m", "pip", "install"]
+    return " ".join([*head, *args])
+
+
+def pip_remove(runtime: Runtime, dists: list) -> str:
+    """The command that removes ``dists`` (serving_env.Dist) from the serving environment: pip uninstall, or for
+    a --site-packages directory (which pip will not uninstall from) rm -r of what their RECORD installed."""
+    option, value = _target(runtime)
+    if option != "--site-packages":
+        names = " ".join(dist.name for dist in dists)
+        return f"{shlex.quote(pip_python(runtime))} -m pip uninstall -y {names}"
+    paths = []
+    for dist in dists:
+        paths.append(dist.path)
+        paths += [dist.path.parent / top for top in _top_level(dist) if top not in paths]
+    return "rm -r " + " ".join(shlex.quote(str(p)) for p in paths)
+
+
+_SHARED = frozenset({"bin", "share", "include", "etc", "lib", "lib64"})  # folders every package of a --target dir uses
+
+
+def _top_level(dist) -> list[str]:
+    """The top-level modules and packages a distribution installed (its RECORD's first path parts; its
+    dist-info, what lies outside the directory and the folders all packages share left out)."""
+    try:
+        text = (dist.path / "RECORD").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return []
+    tops: list[str] = []
+    for line in text.splitlines()[:100_000]:
+        first = line.split(",", 1)[0].split("/", 1)[0]
+        module = first.isidentifier() or first.endswith((".py", ".so", ".pth"))
+        if module and first not in _SHARED and first != dist.path.name and first not in tops:
+            tops.append(first)
+    return tops
+
+
+def flashinfer_served(runtime: Runtime, wanted: str) -> tuple[str | None, bool]:
+    """(the FlashInfer an install fix names for ``wanted``, whether pip's index could be asked): ``wanted`` where
+    the index serves it, else the nearest version it serves above it (vLLM 0.34.0 pins 0.7.3; the index serves
+    0.7.2.post1 and 0.7.4); None when it serves none above it, or could not be asked."""
+    from packaging.version import InvalidVersion, Version
+
+    from patch_dsv4.tree.pip_index import index_versions
+
+    python = pip_python(runtime)
+    served = index_versions("flashinfer-python", INDEX_OPTIONS, python, INDEX_TIMEOUT, remember=True)
+    if served is None and python != sys.executable:  # that interpreter has no pip, or none that answers: ours
+        served = index_versions("flashinfer-python", INDEX_OPTIONS, sys.executable, INDEX_TIMEOUT, remember=True)
+    if served is None:
+        return None, False
+    try:
+        floor = Version(wanted)
+    except InvalidVersion:
+        return (wanted if wanted in served else None), True
+    versions = []
+    for text in served:
+        try:
+            versions.append(Version(text))
+        except InvalidVersion:
+            continue
+    if floor in versions:
+        return wanted, True
+    above = sorted(v for v in versions if v > floor and not v.is_prerelease)
+    return (str(above[0]) if above else None), True
+
+
+def flashinfer_install(runtime: Runtime, wanted: str, why: str = "", *, no_deps: bool = False) -> str:
+    """The command that installs FlashInfer ``wanted`` (vLLM's pin, or the DeepSeek-V4 floor) into the serving
+    environment, ``why`` said after it: a version pip's index serves (flashinfer_served), said as such where it is
+    not ``wanted``; where the index cannot be asked, the range from ``wanted`` to the next minor release and the
+    command that lists what the index serves."""
+    extra = ("--no-deps",) if no_deps else ()
+    listing = f"{shlex.quote(pip_python(runtime))} -m pip index versions flashinfer-python"
+    near, asked = flashinfer_served(runtime, wanted)
+    if near == wanted:
+        return pip_install(runtime, *extra, f"flashinfer-python=={wanted}") + why
+    if not asked:
+        major, _, rest = wanted.partition(".")
+        minor = rest.partition(".")[0]
+        upper = f"{major}.{int(minor) + 1}" if major.isdigit() and minor.isdigit() else None
+        spec = f"'flashinfer-python>={wanted},<{upper}'" if upper else f"'flashinfer-python>={wanted}'"
+        return (
+            pip_install(runtime, *extra, spec)
+            + f"{why} (pip's index could not be asked whether it serves {wanted}; {listing} lists what it serves)"
+        )
+    if near is None:
+        return (
+            f"pip's index serves no flashinfer-python at or above {wanted} ({listing} lists what it serves); "
+            f"install {wanted} from where it is published{why}"
+        )
+    return pip_install(runtime, *extra, f"flashinfer-python=={near}") + (
+        f"{why} ({wanted} is not on pip's index; {near} is the nearest above it that it serves)"
+    )
+
+
+def plugin_install(runtime: Runtime) -> str:
+    return pip_install(runtime, PLUGIN_SOURCE) + PLUGIN_NOTE
 
 
 def vllm_dist(runtime: Runtime):
@@ -159,28 +292,15 @@ def vllm_route(ctx: DoctorContext) -> Row:
     return Row("rt.vllm-route", INFO, f"vLLM {version}{fi} serves DeepSeek-V4 text and DSpark (no vision class).")
 
 
-# What each patch prevents, as the user would meet it after the long load (DOCTOR-FACTS D, rt.patches).
-LATE_SYMPTOM = {
-    "dtype-policy": (
-        "the BF16 wo_a reaches the FP8-only O projection: AttributeError ... weight_scale_inv at the first forward, "
-        "or empty text"
-    ),
-    "loader-skips": "the 0.28/0.29 loader meets the vision pack's extra tensors: KeyError part-way through the load",
-    "stream-load": (
-        "the vision loader sorts the checkpoint and holds the whole pack in host memory: a 128 GB unified-memory box "
-        "wedges mid-load"
-    ),
-    "wide-swa": (
-        "vision prefill fails at warm-up with 'Unsupported sparse-MLA prefill configuration ... topk=512' "
-        "(text works, images return 500)"
-    ),
-    "aux-streams": "EXL3 attention linears run on vLLM's auxiliary CUDA streams (decode deadlock risk)",
-    "dense-exl3": (
-        "an EXL3 attention or compressor linear has no parameter (KeyError mid-load) or no .weight "
-        "(AttributeError at the first forward)"
-    ),
-    "exl3-wo-a-slices": "the loader has no mapping for attn.wo_a.slice.G: KeyError part-way through the load",
-}
+def serve_impact(patch_id: str) -> str:
+    """What serving without ``patch_id`` does, as its Patch class says (``Patch.serve_impact``). The patches are
+    imported only here, for a patch that is needed and missing (~0.3 s): doctor's usual run never pays for it."""
+    from patch_dsv4.patching.registry import discover_patches
+
+    impact = {patch.id: patch.serve_impact for patch in discover_patches()}.get(patch_id)
+    return impact or "the fix it carries is missing"
+
+
 _GOOD_VERDICTS = ("applied", "upstream", "not-applicable")
 
 
@@ -201,7 +321,6 @@ def patches(ctx: DoctorContext) -> list[Row]:
     target = target_option(runtime)
     rows = []
     for patch_id, verdict in verdicts.items():
-        symptom = LATE_SYMPTOM.get(patch_id, "the fix it carries is missing")
         if verdict in _GOOD_VERDICTS:
             rows.append(Row("rt.patches", PASS, f"patch {patch_id} is {verdict} on vLLM {version}."))
         elif verdict == "opt-in":
@@ -214,6 +333,7 @@ def patches(ctx: DoctorContext) -> list[Row]:
                 )
             )
         elif verdict == "pending":
+            symptom = serve_impact(patch_id)
             rows.append(
                 Row(
                     "rt.patches",
@@ -223,16 +343,19 @@ def patches(ctx: DoctorContext) -> list[Row]:
                 )
             )
         elif verdict == "modified":
+            symptom = serve_impact(patch_id)
             rows.append(
                 Row(
                     "rt.patches",
                     FAIL,
                     f"patch {patch_id} was applied but its file changed since; without it {symptom}.",
                     f"patch-dsv4 status{target} names the file; reinstall it "
-                    f"(pip install --force-reinstall --no-deps vllm=={version}), then patch-dsv4 apply{target}",
+                    f"({pip_install(runtime, '--no-deps', '--force-reinstall', f'vllm=={version}')}), "
+                    f"then patch-dsv4 apply{target}",
                 )
             )
         elif verdict == "drifted":
+            symptom = serve_impact(patch_id)
             rows.append(
                 Row(
                     "rt.patches",
@@ -289,12 +412,19 @@ def recommended_flashinfer(runtime: Runtime) -> tuple[str, str]:
     dist = vllm_dist(runtime)
     pin = dist.pinned("flashinfer-python") if dist else None
     if pin and older_than(pin, FLASHINFER_DSV4_FLOOR) is False:
-        return pin, ""
+        return pin, f" (vLLM {runtime.vllm_version}'s pin)"
     note = f" (vLLM {runtime.vllm_version} pins {pin}: override it)" if pin else ""
     return "0.6.18", note
 
 
-@check("rt.flashinfer", needs=("runtime", "pack"))
+def flashinfer_fix(runtime: Runtime) -> str:
+    """rt.flashinfer's fix: the FlashInfer recommended_flashinfer names, as pip's index serves it."""
+    wanted, note = recommended_flashinfer(runtime)
+    return flashinfer_install(runtime, wanted, note)
+
+
+# V4.1 decodes with sliding_window, not index_topk: v41.flashinfer
+@check("rt.flashinfer", needs=("runtime", "pack"), family=V4)
 def flashinfer_decode(ctx: DoctorContext) -> Row:
     """Has the installed FlashInfer an SM120 DeepSeek-V4 decode kernel for this pack?
 
@@ -316,15 +446,13 @@ def flashinfer_decode(ctx: DoctorContext) -> Row:
     found_gpus, _ = gpus(ctx)
     if found_gpus and not any(gpu.sm // 10 == 12 for gpu in found_gpus):
         return Row("rt.flashinfer", INFO, f"GPU sm_{found_gpus[0].sm} takes FlashMLA, not FlashInfer's SM120 kernels.")
-    wanted, note = recommended_flashinfer(runtime)
-    fix = f"pip install flashinfer-python=={wanted}{note}"
     package = find_package(runtime.site_dirs, "flashinfer")
     if package is None:
         return Row(
             "rt.flashinfer",
             FAIL,
             "flashinfer-python is not installed in the serving environment; DeepSeek-V4 on SM12x attends through it.",
-            fix,
+            flashinfer_fix(runtime),
         )
     version = runtime.flashinfer_version or "(unknown version)"
     table = decode_table(package)
@@ -340,7 +468,7 @@ def flashinfer_decode(ctx: DoctorContext) -> Row:
             FAIL,
             f"flashinfer-python {version} has no SM120 DeepSeek-V4 decode kernel for topk={topk} "
             f"(heads={local_heads}): {shape} is not in {where}, so the first decode aborts.",
-            fix,
+            flashinfer_fix(runtime),
         )
     how = "a run-time predicate" if table.source else "not found"
     below = older_than(runtime.flashinfer_version, FLASHINFER_DSV4_FLOOR)
@@ -352,7 +480,7 @@ def flashinfer_decode(ctx: DoctorContext) -> Row:
             FAIL,
             f"flashinfer-python {version} predates the SM120 DeepSeek-V4 decode kernels "
             f"for topk={topk} (the table is {how}).",
-            fix,
+            flashinfer_fix(runtime),
         )
     return Row(
         "rt.flashinfer", PASS, f"flashinfer-python {version} >= 0.6.18 serves {shape} (its decode table is {how})."
@@ -479,7 +607,9 @@ def flashinfer_jit(ctx: DoctorContext) -> Row:
     for tool in sorted(rule.which - {"nvcc"}):
         if which(ctx, tool) is None:
             problems.append(f"{tool} is not on PATH")
-            fixes.append(f"pip install {tool} into the serving venv and put its bin/ on PATH")
+            option, value = _target(ctx.runtime)
+            bin_dir = f"{value}/bin" if option == "--site-packages" else "its bin/ (the serving venv's)"
+            fixes.append(f"{pip_install(ctx.runtime, tool)} and put {bin_dir} on PATH")
     needs = (
         [f"bin/nvcc under {' or '.join(rule.home_variables)} (else PATH's nvcc, else {rule.default_home})"]
         if rule.home_variables
@@ -515,8 +645,8 @@ def build_exllamav3_fix(ctx: DoctorContext) -> str:
     return (
         "build the compiled extension into the serving venv: git clone https://github.com/turboderp-org/exllamav3 && "
         + ("(on aarch64, first apply the recipe's patch_exllamav3_aarch64.py to the clone) " if aarch64 else "")
-        + f"TORCH_CUDA_ARCH_LIST={_arch_list(ctx)} pip install --no-build-isolation ./exllamav3; "
-        + 'check with python -c "import torch, exllamav3_ext"'
+        + f"TORCH_CUDA_ARCH_LIST={_arch_list(ctx)} {pip_install(ctx.runtime, '--no-build-isolation', './exllamav3')}; "
+        + f'check with {_python_of_target(ctx.runtime)} -c "import torch, exllamav3_ext"'
     )
 
 
@@ -650,7 +780,7 @@ def plugin_registered(ctx: DoctorContext) -> Row:
     exl3 = {name: value for name, value in plugins.items() if value.split(":")[0].split(".")[0] in PLUGIN_MODULES}
     allowlist = ctx.environ.get("VLLM_PLUGINS")
     allowed = None if allowlist is None else allowlist.split(",")
-    fix = f"{PLUGIN_INSTALL}; if you set VLLM_PLUGINS, include vllm_exl3"
+    fix = f"{plugin_install(runtime)}; if you set VLLM_PLUGINS, include vllm_exl3"
     dist = find_dist(runtime.site_dirs, "vllm-exl3")
     if dist is None and not exl3:
         return Row("rt.plugin", FAIL, "vllm-exl3 is not installed in the serving environment.", fix)
@@ -760,7 +890,7 @@ def plugin_features(ctx: DoctorContext) -> Row:
             "rt.plugin-features",
             FAIL,
             f"{source} does not compile ({problem}); vLLM would log the plugin's import error and then reject exl3.",
-            PLUGIN_INSTALL,
+            plugin_install(ctx.runtime),
         )
     read = config_keys_read(tree)
     if ctx.pack is None:
@@ -776,7 +906,7 @@ def plugin_features(ctx: DoctorContext) -> Row:
             "rt.plugin-features",
             FAIL,
             f"the pack sets {since} but the installed vllm-exl3 does not read it.",
-            f"upgrade vllm-exl3 to a build that reads it: {PLUGIN_INSTALL}",
+            f"upgrade vllm-exl3 to a build that reads it: {plugin_install(ctx.runtime)}",
         )
     used = [k for k in PLUGIN_FEATURES if k in block]
     return Row(
@@ -854,9 +984,8 @@ def torch_matches(ctx: DoctorContext) -> Row:
     version, cuda, installed = torch_build(runtime)
     dist = vllm_dist(runtime)
     pin = dist.pinned("torch") if dist else None
-    reinstall = (
-        f"pip install --force-reinstall 'torch=={pin or '<the version vLLM pins>'}' (the CUDA 13 build, not +cpu)"
-    )
+    wanted = shlex.quote(f"torch=={pin}") if pin else "'torch==<the version vLLM pins>'"
+    reinstall = f"{pip_install(runtime, '--force-reinstall', wanted)} (the CUDA 13 build, not +cpu)"
     if not installed:
         return Row("rt.torch", FAIL, "torch is not installed in the serving environment.", reinstall)
     if version is None:

@@ -95,7 +95,18 @@ def check_shards(ctx: DoctorContext) -> Row:
         detail = first_of([str(p) for p in scan.problems])
         return Row("pack.shards", FAIL, f"{len(scan.files)} shards: {detail}.", fix)
     if gaps:
+        from patch_dsv4.doctor.checks.v41_tensors import absent_engram_layers, engram_tables_fix
+
         more = f" (and {gap_count - 1} more)" if gap_count > 1 else ""
+        engram = absent_engram_layers(ctx)  # a V4.1 pack that leaves its Engram tables to the base's shards
+        if engram:
+            return Row(
+                "pack.shards",
+                FAIL,
+                f"{len(scan.files)} shards, but {gaps[0]}{more} is missing, and the pack holds no Engram table: "
+                "such a pack leaves them to the base checkpoint's shards (v41.engram-tables).",
+                engram_tables_fix(engram),
+            )
         return Row(
             "pack.shards",
             FAIL,

@@ -11,7 +11,13 @@ from __future__ import annotations
 
 import json
 
-from patch_dsv4.doctor.checks.runtime import target_option
+from patch_dsv4.doctor.checks.runtime import (
+    flashinfer_install,
+    flashinfer_served,
+    pip_install,
+    pip_remove,
+    target_option,
+)
 from patch_dsv4.doctor.checks.v41_config import v41_numbers
 from patch_dsv4.doctor.readers.base import FAIL, INFO, PASS, SKIP, WARN, DoctorContext, Row, check, clip
 from patch_dsv4.doctor.readers.family import V41
@@ -94,10 +100,13 @@ def check_ep_filter_draft(ctx: DoctorContext) -> Row:
         dspark_on(ctx),
     ]
     if not all(on):
+        names = ("--enable-expert-parallel", "--enable-ep-weight-filter", "DSpark --speculative-config")
+        missing = [name for name, present in zip(names, on, strict=True) if not present]
+        listed = ", no ".join(missing[:-1]) + (" and no " if len(missing) > 1 else "") + missing[-1]
         return Row(
             "v41.ep-filter-draft",
             PASS,
-            "not all of expert parallelism, --enable-ep-weight-filter and a DSpark draft are on the serve line.",
+            f"the serve line has no {listed}: the EP weight filter skips no DSpark draft expert.",
         )
     tp, dp = tensor_parallel_size(ctx), data_parallel_size(ctx)
     if numbers is None or tp is None or dp is None:
@@ -310,7 +319,9 @@ def check_aux_streams(ctx: DoctorContext) -> Row:
 def check_flashinfer(ctx: DoctorContext) -> Row:
     """WARN when the installed flashinfer-python is not the version the installed vLLM pins (0.34.0 pins
     0.7.3, which the index does not offer, so installs end on another with --no-deps; skew broke DSV4
-    before), and when flashinfer-jit-cache or flashinfer-cubin is of another version than flashinfer-python:
+    before), unless the pin is not served and the installed one is the nearest above it that pip's index
+    serves (runtime.flashinfer_served, which asks the index once a run), and when flashinfer-jit-cache or
+    flashinfer-cubin is of another version than flashinfer-python:
     a stale precompiled module shadows a newer or patched FlashInfer (V34 vllm-0.34.0.dist-info/METADATA:90;
     v41-packs.md §4.1 rt.flashinfer-pin)."""
     site_dirs = ctx.runtime.site_dirs
@@ -319,25 +330,26 @@ def check_flashinfer(ctx: DoctorContext) -> Row:
     installed = find_dist(site_dirs, "flashinfer-python")
     version = installed.version if installed else None
     others = [
-        (name, dist.version)
-        for name in ("flashinfer-jit-cache", "flashinfer-cubin")
-        if (dist := find_dist(site_dirs, name)) is not None
+        (name, dist) for name in ("flashinfer-jit-cache", "flashinfer-cubin") if (dist := find_dist(site_dirs, name))
     ]
     problems, fixes = [], []
+    pinned = " (the version vLLM pins)" if pin else " (vLLM pins none)"
     if version is None:
         problems.append(
             f"flashinfer-python is not installed (vLLM pins {pin})" if pin else "flashinfer-python is not installed"
         )
-        fixes.append(f"pip install flashinfer-python=={pin}" if pin else "pip install flashinfer-python")
+        fixes.append(flashinfer_install(ctx.runtime, pin) if pin else pip_install(ctx.runtime, "flashinfer-python"))
     elif pin and version != pin:
-        problems.append(f"vLLM {ctx.runtime.vllm_version} pins flashinfer-python=={pin}; {version} is installed")
-        fixes.append(f"pip install --no-deps flashinfer-python=={pin} (where that version is published)")
-    skewed = [f"{name} {other}" for name, other in others if version and other != version]
+        if flashinfer_served(ctx.runtime, pin)[0] == version:  # the pin is not served: this is the nearest that is
+            pinned = f" (vLLM pins {pin}, which pip's index does not serve; {version} is the nearest above it)"
+        else:
+            problems.append(f"vLLM {ctx.runtime.vllm_version} pins flashinfer-python=={pin}; {version} is installed")
+            fixes.append(flashinfer_install(ctx.runtime, pin, no_deps=True))
+    skewed = [(name, dist) for name, dist in others if version and dist.version != version]
     if skewed:
-        problems.append(
-            f"{', '.join(skewed)} beside flashinfer-python {version}: its precompiled modules shadow the package's"
-        )
-        fixes.append("pip uninstall " + " ".join(s.split()[0] for s in skewed) + f" (or install them at {version})")
+        shown = ", ".join(f"{name} {dist.version}" for name, dist in skewed)
+        problems.append(f"{shown} beside flashinfer-python {version}: its precompiled modules shadow the package's")
+        fixes.append(pip_remove(ctx.runtime, [dist for _, dist in skewed]) + f" (or install them at {version})")
     kernel, kernel_note = _sm120_kernel(ctx, version is not None)
     if kernel:
         return Row(
@@ -353,8 +365,7 @@ def check_flashinfer(ctx: DoctorContext) -> Row:
             "; ".join(problems) + " (version skew broke DeepSeek-V4 attention before).",
             "; ".join(fixes),
         )
-    extra = f", {', '.join(f'{n} {v}' for n, v in others)}" if others else ""
-    pinned = " (the version vLLM pins)" if pin else " (vLLM pins none)"
+    extra = f", {', '.join(f'{n} {d.version}' for n, d in others)}" if others else ""
     return Row("v41.flashinfer", PASS, f"flashinfer-python {version}{pinned}{extra}; {kernel_note}.")
 
 

@@ -1,7 +1,7 @@
 """DeepSeek-V4.1 packs: what the shards hold (v41-packs.md §2), read from the one header scan.
 
-v41.pack-kind, v41.engram-tables, v41.backbone, v41.experts, v41.vision. The silent failures come
-first: a pack without its Engram tables or its backbone loads and answers with fluent garbage,
+v41.pack-kind, v41.engram-tables, v41.experts, v41.vision (the backbone is backbone.complete's, for both
+families). The silent failures come first: a pack without its Engram tables loads and answers with fluent garbage,
 because vLLM does not track unloaded weights of quantized models (V34 default_loader.py:549-551).
 """
 
@@ -185,6 +185,30 @@ def engram_prime_rows(numbers: V41Numbers) -> list[int] | None:
     return rows
 
 
+def engram_tables_fix(layers: list[int]) -> str:
+    """The one fix for a V4.1 pack without its Engram tables: v41.engram-tables gives it, and pack.shards for
+    the numbered shards such a pack lacks (Mia's card: "you still need shards 47 and 48")."""
+    return (
+        "Hardlink (or copy) the base checkpoint's shards holding "
+        + ", ".join(f"layers.{layer}.engram.embed.*" for layer in layers)
+        + " (model-00047/00048-of-00048 in deepseek-ai's V4.1-Flash) from the revision the pack was made from "
+        "into the pack, and add their entries to model.safetensors.index.json."
+    )
+
+
+def absent_engram_layers(ctx: DoctorContext) -> list[int]:
+    """The Engram layers of a V4.1 pack whose tables no shard holds and no disk-backed kit reads ([] otherwise)."""
+    if ctx.pack_family() != V41:
+        return []
+    numbers = v41_numbers(ctx)
+    if numbers is None or not numbers.engram_layers:
+        return []
+    found = pack_scan(ctx).v41.tables
+    expected = table_expectations(numbers)
+    absent = [layer for layer, parts in expected.items() if any(part not in found.get(layer, {}) for part in parts)]
+    return [] if not absent or disk_engram_kit(ctx) else absent
+
+
 @check("v41.engram-tables", needs=("pack",), family=V41)
 def check_engram_tables(ctx: DoctorContext) -> Row:
     """FAIL [silent] when a layer of ``engram_layer_ids`` has no ``layers.L.engram.embed.{weight,scale}`` in
@@ -225,10 +249,7 @@ def check_engram_tables(ctx: DoctorContext) -> Row:
             f"[silent] the pack has no Engram table for {plural(len(layers), 'layer')} ({names}, "
             f"{total / 2**30:.1f} GiB in the source checkpoint): vLLM would allocate the tables and serve with "
             "them uninitialised, and nothing would report it.",
-            "Hardlink (or copy) the base checkpoint's shards holding "
-            + ", ".join(f"layers.{layer}.engram.embed.*" for layer in layers)
-            + " (model-00047/00048-of-00048 in deepseek-ai's V4.1-Flash) from the revision the pack was made from "
-            "into the pack, and add their entries to model.safetensors.index.json.",
+            engram_tables_fix(layers),
         )
     wrong = []
     for layer, parts in expected.items():
@@ -273,58 +294,6 @@ def check_engram_tables(ctx: DoctorContext) -> Row:
             'Serve with the kit that reads engram_table_dir, or set "engram_table_dir": null.',
         )
     return Row("v41.engram-tables", PASS, detail)
-
-
-def expected_families(numbers: V41Numbers, layer: int) -> list[str]:
-    families = ["attention", "mHC", "router", "shared expert", "norms"]
-    if layer in numbers.kv_sources:
-        families.append("compressor")
-    if layer in numbers.index_sources:
-        families.append("indexer")
-    if layer in numbers.engram_layers:
-        families.append("Engram projection")
-    return families
-
-
-@check("v41.backbone", needs=("pack",), family=V41)
-def check_backbone(ctx: DoctorContext) -> Row:
-    """FAIL [silent] when a family of v41-packs.md §2.1 is missing on some layer (attention, mHC, router,
-    shared expert, norms; the compressor on ``kv_source_layer_ids``, the indexer on
-    ``index_source_layer_ids``, the Engram projection on ``engram_layer_ids``) or the embedding/head is
-    absent: vLLM serves with those parameters uninitialised, "deterministic word salad" (VC
-    scripts/fix_missing_backbone.py @9fa470ef: the 4.75bpw pack shipped without them)."""
-    numbers, skip = _skip_without_numbers("v41.backbone", ctx)
-    if skip:
-        return skip
-    scan = pack_scan(ctx)
-    families = scan.v41.families
-    lacking: dict[str, list[int]] = {}
-    for layer in range(numbers.layers):
-        for name in expected_families(numbers, layer):
-            if layer not in families.get(name, ()):
-                lacking.setdefault(name, []).append(layer)
-    top = scan.v41.top
-    absent_top = [n for n in ("embed.weight", "norm.weight") if n not in top]
-    if not any(n in top for n in ("head.weight", "head.trellis")):
-        absent_top.append("head.weight (or EXL3 head.trellis)")
-    if lacking or absent_top:
-        parts = [
-            f"{name} on {plural(len(layers), 'layer')} (first: layer {layers[0]})" for name, layers in lacking.items()
-        ] + absent_top
-        return Row(
-            "v41.backbone",
-            FAIL,
-            f"[silent] the pack lacks {first_of(parts)}; vLLM would serve with those parameters uninitialised "
-            '("deterministic word salad") and report nothing.',
-            "Re-download the pack, or add the base revision's tensors for them (vcruz305's "
-            "scripts/fix_missing_backbone.py does this for its 4.75bpw pack).",
-        )
-    return Row(
-        "v41.backbone",
-        PASS,
-        f"all {numbers.layers} layers carry attention, mHC, router, shared expert and norms; compressors on "
-        f"{list(numbers.kv_sources)}, indexers on {list(numbers.index_sources)}; embed, norm and head present.",
-    )
 
 
 @check("v41.experts", needs=("pack",), family=V41)

@@ -1,15 +1,17 @@
 """The rows doctor prints, the context every check reads, and the check registry.
 
 A check is a function ``fn(ctx: DoctorContext) -> Row | Iterable[Row]``
-registered with ``@check("id", needs=(...))``. Its docstring gives the rule and
-the evidence (DOCTOR-FACTS.md aliases are fine). ``needs`` names what it reads:
-``"pack"`` (``--pack DIR``), ``"runtime"`` (a located vLLM environment); a check
-whose needs are missing is reported as ``skip`` without being called. ``family``
-(``"v4"`` or ``"v41"``) limits a check to packs of that DeepSeek (family.py); a
-check of the other family is left out of the report, not skipped.
+registered with ``@check("id", needs=(...), family=...)``, which is where a check
+says all it is: its docstring gives the rule and the evidence (DOCTOR-FACTS.md
+aliases are fine). ``needs`` names what it reads: ``"pack"`` (``--pack DIR``),
+``"runtime"`` (a located vLLM environment); a check whose needs are missing is
+reported as ``skip`` without being called. ``family`` (a :class:`family.Family`)
+limits a check to packs of that DeepSeek; a check of the other family is left
+out of the report, not skipped.
 
-Statuses: ``pass``, ``warn``, ``fail``, ``skip``, ``info``. Every ``warn`` and
-``fail`` row carries ``fix``: the exact command, or the config edit as JSON.
+A row's status is a :class:`Status`: ``pass``, ``warn``, ``fail``, ``skip``,
+``info`` (its value is the word the report and the JSON print). Every ``warn``
+and ``fail`` row carries ``fix``: the exact command, or the config edit as JSON.
 """
 
 from __future__ import annotations
@@ -20,12 +22,30 @@ import os
 import shlex
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 
+from patch_dsv4.doctor.readers.family import Family
 from patch_dsv4.doctor.readers.files import clip, json_cost_over, json_depth_over
 
-PASS, WARN, FAIL, SKIP, INFO = "pass", "warn", "fail", "skip", "info"
-STATUSES = (PASS, WARN, FAIL, SKIP, INFO)
+
+class Status(str, Enum):
+    """A row's verdict; its value is what the report and the JSON print (and equals that string)."""
+
+    PASS = "pass"
+    WARN = "warn"
+    FAIL = "fail"
+    SKIP = "skip"
+    INFO = "info"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:  # f"{status:<5}" pads the word, on every Python the tool runs on
+        return format(self.value, spec)
+
+
+PASS, WARN, FAIL, SKIP, INFO = Status
 ROW_LIMIT = 2000  # characters of a row's detail or fix, whatever made them long
 CONFIG_LIMIT = 2 << 20  # bytes of config.json doctor reads (a real one: a few KB)
 CONFIG_MEMORY = 96 << 20  # what json.loads may allocate for config.json (see json_cost)
@@ -42,13 +62,13 @@ class Row:
     """
 
     id: str
-    status: str
+    status: Status
     detail: str
     fix: str | None = None
 
     def __post_init__(self) -> None:
-        if self.status not in STATUSES:
-            raise ValueError(f"row {self.id}: unknown status {self.status!r}")
+        if not isinstance(self.status, Status):
+            raise TypeError(f"row {self.id}: status {self.status!r} is not a Status")
         if self.status in (WARN, FAIL) and not self.fix:
             raise ValueError(f"row {self.id}: a {self.status} row needs a fix")
         # Echoed values are clipped where they are quoted; this keeps any row short whatever it quoted.
@@ -57,7 +77,7 @@ class Row:
             object.__setattr__(self, "fix", clip(self.fix, ROW_LIMIT))
 
     def to_json(self) -> dict:
-        return {"id": self.id, "status": self.status, "detail": self.detail, "fix": self.fix}
+        return {"id": self.id, "status": self.status.value, "detail": self.detail, "fix": self.fix}
 
 
 @dataclass(frozen=True)
@@ -144,8 +164,8 @@ class DoctorContext:
 
         return self.cached("config:view", view)
 
-    def pack_family(self) -> str | None:
-        """``v4`` or ``v41`` from config.json (family.family_of); None without a readable config.json."""
+    def pack_family(self) -> Family | None:
+        """V4 or V4.1 from config.json (family.family_of); None without a readable config.json."""
         from patch_dsv4.doctor.readers.family import family_of
 
         if self.pack is None:
@@ -215,7 +235,7 @@ class CheckSpec:
     id: str
     needs: tuple[str, ...]
     fn: CheckFn
-    family: str | None = None  # "v4" | "v41": the packs the check applies to; None: every pack
+    family: Family | None = None  # the packs the check applies to; None: every pack
 
 
 def applies(spec: CheckSpec, ctx: DoctorContext) -> bool:
@@ -223,18 +243,21 @@ def applies(spec: CheckSpec, ctx: DoctorContext) -> bool:
     (without a readable config.json, or without --pack, the V4 checks run, as they always did)."""
     if spec.family is None:
         return True
-    return spec.family == (ctx.pack_family() or "v4")
+    return spec.family == (ctx.pack_family() or Family.V4)
 
 
 CHECKS: list[CheckSpec] = []
 
 
-def check(check_id: str, *, needs: tuple[str, ...] = (), family: str | None = None) -> Callable[[CheckFn], CheckFn]:
-    """Register ``fn`` as the check ``check_id`` (ids are unique; order of registration is report order)."""
+def check(check_id: str, *, needs: tuple[str, ...] = (), family: Family | None = None) -> Callable[[CheckFn], CheckFn]:
+    """Register ``fn`` as the check ``check_id`` (ids are unique; order of registration is report order),
+    for the packs of ``family`` only when one is given."""
 
     def register(fn: CheckFn) -> CheckFn:
         if any(spec.id == check_id for spec in CHECKS):
             raise ValueError(f"doctor check {check_id} registered twice")
+        if family is not None and not isinstance(family, Family):
+            raise TypeError(f"doctor check {check_id}: family {family!r} is not a Family")
         CHECKS.append(CheckSpec(check_id, tuple(needs), fn, family))
         return fn
 

@@ -11,7 +11,20 @@ the rows read the numbers vLLM reads, from the pack's own config.
 
 from __future__ import annotations
 
-V4, V41 = "v4", "v41"
+from enum import Enum
+
+
+class Family(str, Enum):
+    """Which DeepSeek a pack is; a check registered for one runs on that family's packs only."""
+
+    V4 = "v4"
+    V41 = "v41"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+V4, V41 = Family
 V41_MODEL_TYPE = "deepseek_v41"
 V41_ARCHITECTURE = "DeepseekV41ForCausalLM"
 # vision_config key -> the attribute vLLM's V4.1 config sets (V34 transformers_utils/configs/deepseek_v41.py:52-62)
@@ -34,8 +47,8 @@ def architectures(cfg: dict) -> list[str]:
     return [a for a in value if isinstance(a, str)] if isinstance(value, list) else []
 
 
-def family_of(cfg: dict) -> str:
-    """``v41`` when either discriminator says V4.1 (a disagreement is v41.config's FAIL), else ``v4``."""
+def family_of(cfg: dict) -> Family:
+    """V4.1 when either discriminator says so (a disagreement is v41.config's FAIL), else V4."""
     if cfg.get("model_type") == V41_MODEL_TYPE or V41_ARCHITECTURE in architectures(cfg):
         return V41
     return V4

@@ -11,8 +11,24 @@ from pathlib import Path
 ECHO_LIMIT = 200  # characters of a value from the input that a row repeats
 
 
+def shown(text: str) -> str:
+    """``text`` with every character a terminal would act on or hide (controls, format characters such as
+    bidirectional overrides, line separators) written as a Python escape, so that a name or message read
+    from a pack or a server prints as what it is, on one line."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() or c == " " else _escape(c) for c in text)
+
+
+def _escape(char: str) -> str:
+    code = ord(char)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
 def clip(text: str, limit: int = ECHO_LIMIT) -> str:
-    """``text`` cut to ``limit`` characters, saying how long it was: for values echoed from the input."""
+    """``text`` cut to ``limit`` characters, saying how long it was, its control characters shown escaped
+    (:func:`shown`): for values echoed from the input."""
+    text = shown(text)
     if len(text) <= limit:
         return text
     return f"{text[:limit]}... ({len(text):,} characters)"

@@ -151,6 +151,9 @@ class PackScan:
     first_vision_tensor: str | None = None
     # "layers.N.attn.wq_a" -> part ("weight", "scale", "trellis", ...) -> (dtype, shape)
     dense: dict[str, dict[str, tuple[str, list]]] = field(default_factory=lambda: defaultdict(dict))
+    # every tensor but a routed expert's (main layers' and the draft's) -> its dtype: what backbone.complete
+    # compares with what vLLM creates (inventory.py); a few thousand names in a real pack
+    others: dict[str, str] = field(default_factory=dict)
     v41: V41Summary = field(default_factory=V41Summary)  # what the DeepSeek-V4.1 rows read
     _pending: list = field(default_factory=list, repr=False)  # markers of the shard being read, to check
 
@@ -305,6 +308,7 @@ class PackScan:
         """Every name but a routed expert's: MTP blocks, gates, dense linears, the vision tower, stray markers."""
         head = parts[0]
         numbered = head in ("layers", "mtp") and len(parts) > 2 and _index(parts[1]) is not None
+        self.others[name] = entry["dtype"]
         self.v41.note(name, parts, entry, shard.path.name, int(parts[1]) if numbered else None)
         if numbered:
             layer = int(parts[1])
@@ -341,6 +345,7 @@ class PackScan:
             + sum(map(len, self.widths.values()))
             + len(self.dense)
             + sum(map(len, self.dense.values()))
+            + len(self.others)
             + len(self.mtp_blocks)
             + len(self.gate_bias_layers)
             + len(self.tid2eid_layers)

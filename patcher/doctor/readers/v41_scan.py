@@ -12,8 +12,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
-# A main layer's tensor families (v41-packs.md §2.1) and how a tensor's name below ``layers.L.`` says it.
-FAMILIES = ("attention", "mHC", "router", "shared expert", "norms", "compressor", "indexer", "Engram projection")
+# How a tensor's name below ``layers.L.`` says its family (v41-packs.md §2.1): where an EXL3 trellis sits.
 ATTENTION = ("wq_a", "wq_b", "wkv", "wo_a", "wo_b", "q_norm", "kv_norm", "attn_sink")
 # where an EXL3 trellis outside the main layers' routed experts sits, as §2.3 names the dense-EXL3 places
 EXL3_PLACES = ("attention", "compressor", "indexer", "shared expert", "Engram projection", "head", "draft", "other")
@@ -56,12 +55,9 @@ class V41Summary:
     payload_bytes: int = 0  # every tensor's bytes (each shard's last data offset)
     mtp_bytes: int = 0  # the DSpark draft's (mtp.*) bytes
     vision_bytes: int = 0  # vision.*, aligner.*, image_*
-    # family -> main layers that hold at least one of its tensors
-    families: dict[str, set[int]] = field(default_factory=lambda: defaultdict(set))
     # layer -> "weight"/"scale" -> (dtype, shape, shard file name) of layers.L.engram.embed.*
     tables: dict[int, dict[str, tuple[str, list, str]]] = field(default_factory=lambda: defaultdict(dict))
     table_bytes: int = 0
-    top: set[str] = field(default_factory=set)  # embed.weight, norm.weight, head.weight / head.trellis
     exl3_places: Counter = field(default_factory=Counter)  # EXL3_PLACES -> trellis count
     first_exl3: dict[str, str] = field(default_factory=dict)  # EXL3_PLACES -> first name
 
@@ -75,7 +71,7 @@ class V41Summary:
         self.payload_bytes += max((entry["data_offsets"][1] for entry in shard.tensors.values()), default=0)
 
     def size(self) -> int:
-        return sum(map(len, self.families.values())) + len(self.tables) + len(self.first_exl3)
+        return len(self.tables) + len(self.first_exl3)
 
     def note(self, name: str, parts: list[str], entry: dict, shard_name: str, layer: int | None) -> None:
         """A tensor that is not a routed expert of a main layer; ``layer`` is L of ``layers.L.`` / ``mtp.L.``."""
@@ -95,17 +91,10 @@ class V41Summary:
                 self.tables[layer][rest[2]] = (entry["dtype"], list(entry["shape"]), shard_name)
                 self.table_bytes += end - start
                 return
-            kind = family(rest)
-            if kind is not None:
-                self.families[kind].add(layer)
-                if is_trellis(parts[-1]):
-                    place = kind if kind in EXL3_PLACES else "other"
-                    self._exl3(place, name)
-            elif is_trellis(parts[-1]):
-                self._exl3("other", name)
+            if is_trellis(parts[-1]):
+                kind = family(rest)
+                self._exl3(kind if kind in EXL3_PLACES else "other", name)
             return
-        if len(parts) == 2 and parts[1] in ("weight", "trellis") and head in ("embed", "norm", "head"):
-            self.top.add(name)
         if head == "head" and is_trellis(parts[-1]):
             self._exl3("head", name)
         elif is_trellis(parts[-1]):
