@@ -166,8 +166,8 @@ def _upstream_switch(file: str, cls: str):
 
     def probe(ctx: Context, tree: ast.Module | None) -> Outcome | NotProven | None:
         init = find_scope(tree, cls, "__init__") if tree is not None else None
-        if init is None or mentions_injected(init):
-            return None
+        if tree is None or (init is not None and mentions_injected(init)):
+            return None  # ours: the anchors tell applied from modified
         evidence, why = _streams_off_by_a_setting(ctx, file, cls)
         if evidence:
             return Outcome.upstream(f"{file}: {cls}.__init__ makes no streams when asked: {evidence}")

@@ -58,7 +58,7 @@ from patch_dsv4.patching.edits import (
     injected_names,
     mentions_injected,
 )
-from patch_dsv4.patching.evaluate import Evaluator, built_with, cases, guarded_by
+from patch_dsv4.patching.evaluate import Evaluator, built_with, callee, cases, guarded_by
 from patch_dsv4.patching.evaluate.interpret import Event
 from patch_dsv4.patching.evaluate.values import NONE, Inst, Reach, describe, one_of, options
 from patch_dsv4.patching.follow import Follower, Frame
@@ -313,7 +313,8 @@ O_PROJ_OWN = injected_names(*(v.replacement for v in O_PROJ_VARIANTS))
 
 def _o_proj_call(call: ast.Call, _args) -> bool:
     """The attention's O projection: ``self._o_proj(...)``, the call the edit guards."""
-    return isinstance(call.func, ast.Attribute) and call.func.attr == "_o_proj"
+    receiver, name = callee(call)
+    return receiver is not None and name == "_o_proj"
 
 
 def _upstream_exl3_wo_a(ctx: Context, tree: ast.Module | None) -> Outcome | NotProven | None:
@@ -321,11 +322,13 @@ def _upstream_exl3_wo_a(ctx: Context, tree: ast.Module | None) -> Outcome | NotP
     that reads its weight, and sends BF16 and FP8 ones to it: ``guarded_by(forward, _o_proj, allowed=BF16 and
     FP8, forbidden=EXL3)``."""
     forward = ctx.scope(ATTENTION, ATTENTION_CLASS, "forward") if tree is not None else None
-    if forward is None or mentions_injected(forward, O_PROJ_OWN):
+    if tree is None or (forward is not None and mentions_injected(forward, O_PROJ_OWN)):
         return None
     ev = Evaluator.of(ctx)
     owner = ev.follower.class_def(ATTENTION, ATTENTION_CLASS)
-    start = ev.follower.method(owner, "forward")
+    start = ev.follower.method(owner, "forward") if owner is not None else None  # a base's or a mixin's too
+    if start is None:
+        return None
     guard = guarded_by(ev, start, _o_proj_call, (cases.WO_A_BF16, cases.WO_A_FP8), (cases.WO_A_EXL3,),
                        bind={"self.wo_a": "wo_a"}, self_value=Inst(owner))  # fmt: skip
     raised = guard.runs[cases.WO_A_EXL3].of("raises")  # kept from _o_proj by a crash is no fix
@@ -413,8 +416,8 @@ KV_SCORE_OWN = injected_names(KV_SCORE_VARIANT.replacement)
 
 def _is_dispatch(call: ast.Call, _args=None) -> bool:
     """``<layer>.quant_method.apply(...)``: the linear hands its work to its quant method (EXL3's, for a pack)."""
-    func = call.func
-    return isinstance(func, ast.Attribute) and func.attr == "apply" and ast.unparse(func.value).endswith("quant_method")
+    receiver, name = callee(call)
+    return name == "apply" and receiver is not None and receiver.rsplit(".", 1)[-1] == "quant_method"
 
 
 def _exl3_forward(ctx: Context, cls, forward) -> tuple[list[Event], list[Event]]:

@@ -42,7 +42,7 @@ from patch_dsv4.output.verdicts import Outcome, Verdict
 from patch_dsv4.patches import miaai_kit
 from patch_dsv4.patches._v41 import in_layouts
 from patch_dsv4.patching.edits import ForeignEdit, NotProven, ReplaceStatements, Variant
-from patch_dsv4.patching.evaluate import Evaluator, cases, guarded_by, unknowns
+from patch_dsv4.patching.evaluate import Evaluator, callee, cases, guarded_by, unknowns
 from patch_dsv4.patching.evaluate.predicates import path_frames
 from patch_dsv4.patching.evaluate.values import Inst
 from patch_dsv4.patching.fingerprint import find_scope
@@ -123,7 +123,7 @@ FP8_GEMM = "fp8_einsum"
 
 
 def _is_fp8_gemm(call: ast.Call, _args) -> bool:
-    return ast.unparse(call.func).rsplit(".", 1)[-1] == FP8_GEMM
+    return callee(call)[1] == FP8_GEMM
 
 
 def wo_a_dtype_gate(ctx: Context, file: str, cls: str, method: str = "_o_proj") -> tuple[str | None, str]:
@@ -182,9 +182,12 @@ def _upstream_checks_dtype(cls: str, file: str):
     """Upstream where the code ``cls._o_proj`` reaches runs the FP8-only GEMM only for an FP8 wo_a."""
 
     def probe(ctx: Context, tree: ast.Module | None) -> Outcome | NotProven | None:
-        method = find_scope(tree, cls, "_o_proj") if tree is not None else None
-        if method is None or _names_injected(method):
-            return None  # absent: the anchors say drifted; ours: they tell applied from modified
+        if tree is None:
+            return None
+        method = find_scope(tree, cls, "_o_proj")
+        if method is not None and _names_injected(method):
+            return None  # ours: the anchors tell applied from modified
+        # the method as Python finds it (the class, a base, a mixin in another module)
         evidence, seen = wo_a_dtype_gate(ctx, file, cls)
         return Outcome.upstream(evidence) if evidence else NotProven(seen)
 

@@ -168,11 +168,13 @@ def _upstream_slices(file: str = MODEL):
         ``wo_a.slice.G`` into ``wo_a`` with a shard id. A mention of the name that only skips, rejects or logs
         those tensors is no evidence."""
         scope = ctx.scope(file, "DeepseekV4Model", "load_weights") if tree is not None else None
-        if scope is None or mentions_injected(scope, OWN):
+        if tree is None or (scope is not None and mentions_injected(scope, OWN)):
             return None
         where = "" if file == MODEL else f"{file}: "
         ev = Evaluator.of(ctx)
-        start = ev.follower.function(file, "DeepseekV4Model", "load_weights")
+        start = ev.follower.function(file, "DeepseekV4Model", "load_weights")  # a base's or a mixin's too
+        if start is None:
+            return None
         for mapping in mappings_iterated(ev, start, width=3):
             for entry, made in _entries(mapping):
                 if _maps_slices(entry):

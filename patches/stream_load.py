@@ -17,9 +17,10 @@ several runs).
 
 What the probes check, through the evaluator (patcher/patching/evaluate), whatever
 the code is called: `flows_into(load_weights's weights, the loader)` by the iterator
-table. The defect: anything on the way that holds the weights whole or reorders
-them (in any module, any spelling). The fix: they reach the loader one at a time on
-every path, and either a generator on the way yields a `language_model.*` weight
+table, and on from the language model's own `load_weights` (every class it may be)
+to its loader. The defect: anything on the way that holds the weights whole or
+reorders them (in any module, any spelling). The fix: they reach the loaders one at
+a time on every path, and either a generator on the way yields a `language_model.*` weight
 before it takes the next one (`yields_as_they_arrive`, 0.33.0), or the language
 model (the class of `self.language_model`, every platform's candidate) reaches no
 `process_weights_after_loading` from its `load_weights` (0.34.0). An unknown
@@ -42,7 +43,15 @@ import ast
 from patch_dsv4.output.verdicts import Outcome, Verdict
 from patch_dsv4.patches._v41 import in_layouts
 from patch_dsv4.patching.edits import ForeignEdit, NotProven, ReplaceStatements, Variant, mentions_injected
-from patch_dsv4.patching.evaluate import Evaluator, Flow, cases, flows_into, reaches_call, yields_as_they_arrive
+from patch_dsv4.patching.evaluate import (
+    Evaluator,
+    Flow,
+    callee,
+    cases,
+    flows_into,
+    reaches_call,
+    yields_as_they_arrive,
+)
 from patch_dsv4.patching.evaluate.values import Inst
 from patch_dsv4.patching.fingerprint import find_scope
 from patch_dsv4.patching.patch import Context, Example, Patch, Scope
@@ -90,8 +99,9 @@ LM_PREFIX = "language_model."
 
 
 def _is_loader(call: ast.Call) -> bool:
-    """The loader: ``<loader>.load_weights(...)`` (AutoWeightsLoader's, or a child model's)."""
-    return isinstance(call.func, ast.Attribute) and call.func.attr == "load_weights"
+    """The loader: ``<loader>.load_weights(...)`` (AutoWeightsLoader's, or a child model's; ``getattr`` too)."""
+    receiver, name = callee(call)
+    return receiver is not None and name == "load_weights"
 
 
 def vision_flow(ctx: Context, file: str, cls: str) -> tuple[Flow | None, str]:
@@ -137,6 +147,26 @@ def text_class_finalizes(ctx: Context, file: str, cls: str) -> tuple[bool | None
     return False, f"no process_weights_after_loading is reachable from {where}"
 
 
+def text_classes_stream(ctx: Context, file: str, cls: str) -> tuple[bool, str]:
+    """Whether every class the vision class's language model may be passes the weights it is given on to its own
+    loader one at a time (AutoWeightsLoader hands it the language model's part of the stream), with the evidence
+    or the first thing that holds them."""
+    ev = Evaluator.of(ctx)
+    vision = ev.follower.class_def(file, cls)
+    classes = ev.follower.classes_of_attribute(vision, "language_model") if vision is not None else []
+    if not classes:
+        return False, f"the class of {cls}.language_model could not be followed from {file}"
+    for text_class in classes:
+        load = ev.follower.method(text_class, "load_weights")
+        params = [a.arg for a in load.node.args.args][1:2] if load is not None else []  # type: ignore[union-attr]
+        if not params:
+            return False, f"{text_class.where()} has no load_weights taking the weights"
+        flow = flows_into(ev, load, params[0], _is_loader, self_value=Inst(text_class))  # type: ignore[arg-type]
+        if not flow.streams:
+            return False, f"the language model's {load.qualname}: {flow.defect()}"  # type: ignore[union-attr]
+    return True, "the language model's load_weights passes them on to its loader as they come"
+
+
 def _upstream_streams(file: str, cls: str = VISION_CLASS):
     """Upstream where the weights reach the loader one at a time on every path (the iterator table: nothing
     holds or reorders them, nothing unknown), and either a generator on the way yields a language model's tensor
@@ -157,6 +187,9 @@ def _upstream_streams(file: str, cls: str = VISION_CLASS):
         if not flow.streams:
             return NotProven(flow.defect())  # type: ignore[arg-type]
         through = f" through {', '.join(flow.through())}" if flow.through() else ""
+        onward, evidence = text_classes_stream(ctx, file, cls)
+        if not onward:  # the language model's part of the stream is held there
+            return NotProven(evidence)
         ev = Evaluator.of(ctx)
         grouped = [g for g in flow.generators if yields_as_they_arrive(ev, g, cases.LANGUAGE_MODEL_WEIGHT)]
         if grouped:
@@ -361,7 +394,8 @@ class DeepseekV4ForConditionalGeneration:
         mapped = _patch_dsv4_stream_language_model_first(mapped)
 ''',
     ),
-    # 0.33.0's fix, spelled anew: a renamed generator yields the language model's tensors as they arrive
+    # 0.33.0's fix, spelled anew: a renamed generator yields the language model's tensors as they arrive (and the
+    # language model passes them on to its loader as they come)
     Example(
         "upstream-groups-language-model-first",
         VL_MODEL,
@@ -376,7 +410,15 @@ def _lm_tensors_then_rest(stream):
     yield from later
 
 
+class TextModel:
+    def load_weights(self, weights):
+        return AutoWeightsLoader(self).load_weights(weights)
+
+
 class DeepseekV4ForConditionalGeneration:
+    def __init__(self, vllm_config):
+        self.language_model = TextModel(vllm_config)
+
     def load_weights(self, weights):
         mapped = _lm_tensors_then_rest(weights)
         return AutoWeightsLoader(self).load_weights(mapped)

@@ -363,6 +363,8 @@ class Follower:
                         targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
                         if any(_is_self_attribute(t, attr) for t in targets):
                             found += [v for v in self.values(frame, stmt.value) if v.instance]
+                    elif isinstance(stmt, ast.Expr) and _is_self_setattr(stmt.value, attr):
+                        found += [v for v in self.values(frame, stmt.value.args[2]) if v.instance]  # type: ignore
             for stmt in owner.node.body:  # type: ignore[union-attr]
                 # a class attribute: `mapper = WeightsMapper(...)`
                 if isinstance(stmt, (ast.Assign, ast.AnnAssign)) and stmt.value is not None:
@@ -613,6 +615,20 @@ class Follower:
 def _is_dataclass_node(node: ast.AST | None) -> bool:
     decorators = getattr(node, "decorator_list", [])
     return "dataclass" in [ast.unparse(d).split("(")[0].rsplit(".", 1)[-1] for d in decorators]
+
+
+def _is_self_setattr(call: ast.expr, attr: str) -> bool:
+    """``setattr(self, "<attr>", value)``."""
+    return (
+        isinstance(call, ast.Call)
+        and isinstance(call.func, ast.Name)
+        and call.func.id == "setattr"
+        and len(call.args) == 3
+        and isinstance(call.args[0], ast.Name)
+        and call.args[0].id == "self"
+        and isinstance(call.args[1], ast.Constant)
+        and call.args[1].value == attr
+    )
 
 
 def _is_self_attribute(target: ast.expr, attr: str) -> bool:

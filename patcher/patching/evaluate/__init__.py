@@ -61,6 +61,7 @@ Only probes import this package: verify's fast path and the guard never do.
 """
 
 from patch_dsv4.patching.evaluate import cases
+from patch_dsv4.patching.evaluate.focus import callee
 from patch_dsv4.patching.evaluate.predicates import (
     Created,
     Evaluator,
@@ -88,6 +89,7 @@ __all__ = [
     "Guard",
     "attribute_value",
     "built_with",
+    "callee",
     "cases",
     "creates",
     "flows_into",

@@ -35,11 +35,47 @@ class _Call:
 
 
 def _path(node: ast.AST) -> str | None:
+    """``self.gate.bias_vl`` (``getattr(self, "gate").bias_vl`` too) as a path of names; None for anything else."""
     if isinstance(node, ast.Name):
         return node.id
     if isinstance(node, ast.Attribute):
         base = _path(node.value)
         return f"{base}.{node.attr}" if base is not None else None
+    name = getattr_name(node)
+    if name is not None:
+        base = _path(node.args[0])  # type: ignore[attr-defined]
+        return f"{base}.{name}" if base is not None else None
+    return None
+
+
+def callee(call: ast.Call) -> tuple[str | None, str]:
+    """(the path of what a call is made on, the name called): ``loader.load_weights(...)`` and
+    ``getattr(loader, "load_weights")(...)`` alike give ``("loader", "load_weights")``, a method of an expression
+    that is no path (``AutoWeightsLoader(self).load_weights``) ``("<expression>", ...)``; a plain name, ``(None,
+    name)``; anything else, ``(None, "")``."""
+    func = call.func
+    if isinstance(func, ast.Name):
+        return None, func.id
+    if isinstance(func, ast.Attribute):
+        return _path(func.value) or "<expression>", func.attr
+    name = getattr_name(func)
+    if name is not None:
+        return _path(func.args[0]) or "<expression>", name  # type: ignore[attr-defined]
+    return None, ""
+
+
+def getattr_name(node: ast.AST) -> str | None:
+    """The attribute ``getattr(x, "a")`` reads (without a default: with one, the value may be the default)."""
+    if (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id == "getattr"
+        and len(node.args) == 2
+        and not node.keywords
+        and isinstance(node.args[1], ast.Constant)
+        and isinstance(node.args[1].value, str)
+    ):
+        return node.args[1].value
     return None
 
 
@@ -94,7 +130,7 @@ def _raw_reads(parts: list[ast.AST]) -> set[str]:
     def visit(node: ast.AST) -> None:
         if isinstance(getattr(node, "ctx", None), ast.Store):
             return  # a target: what it binds is the statement's write, not a read
-        if isinstance(node, (ast.Name, ast.Attribute)):
+        if isinstance(node, (ast.Name, ast.Attribute)) or getattr_name(node) is not None:
             path = _path(node)
             if path is not None:
                 found.add(path)  # a write of a prefix (``gate = ...``) is related to it
@@ -146,6 +182,7 @@ class _Slice:
     first: str | None  # the function's first parameter (``self``)
     may_write: MayWrite | None
     touch_only: set[int]  # statements kept only for what their calls may write (their values are not read)
+    anchored: frozenset[int] = frozenset()  # statements kept whatever they write (a loop whose iterable is asked)
 
     def canon(self, path: str) -> str:
         """``gate.bias_vl`` as ``self.gate.bias_vl`` where ``gate = self.gate``."""
@@ -183,6 +220,7 @@ class _Slice:
         for stmt in body:
             written, read, calls = _info(stmt)
             own = any(_related(self.canon(w), self.wanted) for w in written) or self.writes(calls)
+            own = own or id(stmt) in self.anchored
             if isinstance(stmt, _COMPOUND):
                 inner_jumps = jumps
                 if isinstance(stmt, (ast.For, ast.AsyncFor, ast.While)):  # its jumps matter where it holds a write
@@ -253,13 +291,15 @@ def focus(
     wanted: set[str],
     returns: bool = True,
     may_write: MayWrite | None = None,
+    anchored: frozenset[int] = frozenset(),
 ) -> Focused:
     """The body of ``func`` with only the statements that may change ``wanted`` (names and attribute paths of its
     locals and parameters), and what those read, kept; with ``returns``, its returns and what they read too.
-    Compound statements are rebuilt with their kept arms; the tree itself is never changed."""
+    Compound statements are rebuilt with their kept arms; the tree itself is never changed. The statements
+    ``anchored`` (by id) are kept whatever they write: a question reads what they see."""
     local, aliases = _scope(func)
     params = [a.arg for a in (*func.args.posonlyargs, *func.args.args)]
-    state = _Slice(set(wanted), aliases, params[0] if params else None, may_write, set())
+    state = _Slice(set(wanted), aliases, params[0] if params else None, may_write, set(), anchored)
     while True:
         state.touch_only = set()
         writes, _ = state.keep(func.body, False)  # the writes alone: returns matter only before one of them
@@ -280,4 +320,10 @@ def _copy(stmt: ast.stmt, blocks: dict[str, list[ast.stmt]], handlers: list[ast.
     if "handlers" in fields:
         fields["handlers"] = handlers
     copy = type(stmt)(**fields)
+    copy._patch_dsv4_original = original(stmt)  # type: ignore[attr-defined] # what questions name it by
     return ast.copy_location(copy, stmt)
+
+
+def original(stmt: ast.AST) -> ast.AST:
+    """The statement of the parsed tree a slice's copy stands for (itself where it is one)."""
+    return stmt.__dict__.get("_patch_dsv4_original", stmt)

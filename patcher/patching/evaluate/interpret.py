@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from patch_dsv4.patching.evaluate import tables
 from patch_dsv4.patching.evaluate.cases import ANY, Case
 from patch_dsv4.patching.evaluate.focus import focus as focus_on
+from patch_dsv4.patching.evaluate.focus import getattr_name, original
 from patch_dsv4.patching.evaluate.values import (
     MISSING,
     NONE,
@@ -270,6 +271,7 @@ class Run:
         self_value: V | None = None,
         given: dict[str, V] | None = None,
         focus: set[str] | None = None,
+        anchored: frozenset[int] = frozenset(),
     ) -> Run:
         """Execute ``defn``; its parameters take the case's roles of their names (or the values ``given``),
         ``bind`` maps more of its expressions (``self.wo_a``) to roles; ``self`` is ``self_value`` (default: an
@@ -297,7 +299,9 @@ class Run:
         frame.item = self.case.item
         frame.wanted = frozenset(focus) if focus is not None else None
         # a question of a focus reads the state at the exits, never the result
-        body, frame.touch_only, frame.wanted = self._body(defn, node, frame.wanted, frame.self_class, returns=False)
+        body, frame.touch_only, frame.wanted = self._body(
+            defn, node, frame.wanted, frame.self_class, returns=False, anchored=anchored
+        )
         state = self._block(body, _State(env, Reach.YES), frame)
         self.result, self.exit = self._finish(frame, state)
         return self
@@ -312,16 +316,26 @@ class Run:
         return one_of(*(Inst(v.defn, role.attrs, v.made) for v in found))
 
     def _body(
-        self, defn: Definition, func, wanted: frozenset[str] | None, self_class: Definition | None, returns=True
+        self,
+        defn: Definition,
+        func,
+        wanted: frozenset[str] | None,
+        self_class: Definition | None,
+        returns=True,
+        anchored: frozenset[int] = frozenset(),
     ) -> tuple[list[ast.stmt], frozenset[int], frozenset[str] | None]:
         """The statements of ``func`` to run (all of them, or those that may change ``wanted``, and its returns
         where its result is read), those kept only for what their calls may write, and all it reads of its own
         objects (what calls it makes must keep)."""
         if wanted is None or isinstance(func, ast.Lambda) or func is None:
             return getattr(func, "body", []), frozenset(), None
-        key = ("focus", id(func), wanted, id(self_class.node) if self_class is not None else None, returns)
+        key = ("focus", id(func), wanted, id(self_class.node) if self_class is not None else None, returns, anchored)
         found = self._shared(
-            key, lambda: focus_on(func, set(wanted), returns=returns, may_write=self._may_write(defn, self_class)), None
+            key,
+            lambda: focus_on(
+                func, set(wanted), returns=returns, may_write=self._may_write(defn, self_class), anchored=anchored
+            ),
+            None,
         )
         return found.body, found.touch_only, found.wanted
 
@@ -410,6 +424,7 @@ class Run:
         self.events.append(Event(kind, text, reach, Where(frame.defn, node, frame.path), value))
 
     def _mark(self, node: ast.AST, reach: Reach) -> None:
+        node = original(node)  # a slice's copy counts as the statement of the tree
         found = self._reach.get(id(node))
         self._reach[id(node)] = reach if found is None else found.also(reach)
 
@@ -550,8 +565,8 @@ class Run:
     def _for(self, stmt: ast.For | ast.AsyncFor, st: _State, frame: _Frame) -> _State:
         iterable = self.force(self._expr(stmt.iter, st, frame))
         if not self._quiet:
-            found = self.iterated.get(id(stmt))
-            self.iterated[id(stmt)] = iterable if found is None else one_of(found, iterable)
+            found = self.iterated.get(id(original(stmt)))
+            self.iterated[id(original(stmt))] = iterable if found is None else one_of(found, iterable)
         if isinstance(iterable, Raises):
             return _State(st.env, Reach.NO)
         streams = [o for o in options(iterable) if isinstance(o, Stream)]
@@ -561,7 +576,7 @@ class Run:
             if frame.item is not None:
                 item, frame.item, body_reach = frame.item, None, st.reach  # the case's first item: the body runs
                 if self.item_loop is None:
-                    self.item_loop = stmt
+                    self.item_loop = original(stmt)
             yields = any(isinstance(n, (ast.Yield, ast.YieldFrom)) for s in stmt.body for n in ast.walk(s))
             if yields:
                 frame.out += [Stream(s.state, s.via) for s in streams]
@@ -644,6 +659,10 @@ class Run:
         if isinstance(node, ast.Attribute):
             base = self._path(node.value, st)
             return f"{base}.{node.attr}" if base is not None else None
+        name = getattr_name(node)  # getattr(self, "gate"): self.gate
+        if name is not None:
+            base = self._path(node.args[0], st)  # type: ignore[attr-defined]
+            return f"{base}.{name}" if base is not None else None
         return None
 
     # -- expressions ---------------------------------------------------------------------------------------
@@ -1363,7 +1382,9 @@ class Run:
                 if path is not None:
                     self._write(f"{path}.{attr}", args[2], st)
                 return NONE
-            value = self.force(self._attribute(args[0], attr, st, frame, node))
+            path = self._path(node.args[0], st)
+            written = st.env.get(f"{path}.{attr}") if path is not None else None
+            value = written if written is not None else self.force(self._attribute(args[0], attr, st, frame, node))
             if name == "hasattr":
                 if isinstance(value, Raises):
                     return Const(False, src=node)
@@ -1695,8 +1716,8 @@ class Run:
 
     def _write_back(self, callee: _Frame, exit_env: dict[str, V], st: _State) -> None:
         """Attributes a followed call wrote on objects the caller reaches (``self``, ``self.gate``)."""
-        for key, value in exit_env.items():
-            head, dot, rest = key.partition(".")
+        for key, value in sorted(exit_env.items(), key=lambda item: item[0].count(".")):  # an object before its
+            head, dot, rest = key.partition(".")  # attributes: writing self.gate after self.gate.bias_vl drops it
             if not dot or head not in callee.caller_paths:
                 continue
             self._write(f"{callee.caller_paths[head]}.{rest}", value, st)

@@ -61,11 +61,12 @@ class Evaluator:
         sink: Sink | None = None,
         focus: set[str] | None = None,
         lazy: bool = False,
+        anchored: frozenset[int] = frozenset(),
     ) -> Run:
         """``defn`` executed under ``case`` (see :class:`Run`); with ``focus``, only what may change those names
         and attribute paths; ``lazy``, without evaluating helpers whose results only tests read."""
         run = Run(self.follower, case, sink, lazy=lazy)
-        return run.start(defn, bind=bind, self_value=self_value, given=given, focus=focus)
+        return run.start(defn, bind=bind, self_value=self_value, given=given, focus=focus, anchored=anchored)
 
 
 def unknowns(run: Run) -> list[str]:
@@ -320,20 +321,24 @@ def value_at_exit(ev: Evaluator, start: Definition, name: str, case: Case, **run
 
 
 def mappings_iterated(ev: Evaluator, start: Definition, width: int, case: Case = ANY) -> list[V]:
-    """What the loops of ``start`` that unpack ``width`` names at a time (``for a, b, c in mapping``) iterate: the
-    mapping as the code builds it (displays, ``+=``, ``.extend``, helpers whose results it adds, evaluated)."""
-    names = {
-        node.iter.id
+    """What the loops of ``start`` that unpack ``width`` names at a time (``for a, b, c in mapping``) iterate, as
+    they see it: the mapping as the code builds it before them (displays, ``+=``, ``.extend``, helpers whose
+    results it adds, evaluated; an entry added after a loop is not one it loads with)."""
+    loops = [
+        node
         for node in ast.walk(start.node)  # type: ignore[arg-type]
         if isinstance(node, (ast.For, ast.AsyncFor))
         and isinstance(node.target, ast.Tuple)
         and len(node.target.elts) == width
         and isinstance(node.iter, ast.Name)
-    }
-    if not names:
+    ]
+    if not loops:
         return []
-    run = ev.run(start, case, focus=names)
-    return [run.force(run.exit[name], final=True) for name in sorted(names) if name in run.exit]
+    names = {loop.iter.id for loop in loops}  # type: ignore[attr-defined]
+    anchored = frozenset(id(s) for s in ast.walk(start.node) if isinstance(s, ast.stmt) and any(  # type: ignore
+        loop is n for loop in loops for n in ast.walk(s)))  # fmt: skip
+    run = ev.run(start, case, focus=names, anchored=anchored)
+    return [run.force(run.iterated[id(loop)], final=True) for loop in loops if id(loop) in run.iterated]
 
 
 def settings_read(ev: Evaluator, start: Definition) -> dict[str, bool]:
