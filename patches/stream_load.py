@@ -99,9 +99,10 @@ LM_PREFIX = "language_model."
 
 
 def _is_loader(call: ast.Call) -> bool:
-    """The loader: ``<loader>.load_weights(...)`` (AutoWeightsLoader's, or a child model's; ``getattr`` too)."""
+    """The loader: ``<loader>.load_weights(...)`` (AutoWeightsLoader's, or a child model's; ``getattr`` too); a
+    base's ``super().load_weights(...)`` is followed, the same load going on there."""
     receiver, name = callee(call)
-    return receiver is not None and name == "load_weights"
+    return receiver not in (None, "super()") and name == "load_weights"
 
 
 def vision_flow(ctx: Context, file: str, cls: str) -> tuple[Flow | None, str]:

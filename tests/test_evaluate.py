@@ -332,6 +332,21 @@ OBJECTS = {
         "if config.vision_n_layers == 0:\n    self.gate.bias_vl = nn.Parameter(torch.empty(8))",
         False,
     ),
+    "after a test that raises": (
+        'if config.moe_backend == "mega" and not config.ep:\n    raise NotImplementedError("needs EP")\n'
+        "self.gate.bias_vl = nn.Parameter(torch.empty(8))",
+        True,
+    ),
+    "in the else of a test that raises": (
+        'if config.moe_backend == "mega":\n    raise NotImplementedError("needs EP")\n'
+        "else:\n    self.gate.bias_vl = nn.Parameter(torch.empty(8))",
+        True,
+    ),
+    "raises on hash layers": (
+        'if is_hash:\n    raise NotImplementedError("no hash layers")\n'
+        "self.gate.bias_vl = nn.Parameter(torch.empty(8))",
+        False,
+    ),
     "made, then dropped": (
         "self.gate.bias_vl = nn.Parameter(torch.empty(8))\nif is_hash:\n    self.gate.bias_vl = None",
         False,

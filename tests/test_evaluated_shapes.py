@@ -185,6 +185,35 @@ def test_membership_test_of_the_dtype_is_upstream(make_tree, cli):
     assert patch["verdict"] == "upstream"
 
 
+@pytest.mark.parametrize(("held", "verdict"), [(False, "upstream"), (True, "drifted")])
+def test_load_weights_delegating_to_a_mixin_through_super(held, verdict, make_tree, cli):
+    """The class keeps ``load_weights`` as ``return super().load_weights(weights)``: the mixin's is followed
+    (``super().load_weights`` is not the loader), so what it does with the stream decides."""
+    imports = "import torch\n\nfrom vllm.models.deepseek_v4.common.weight_loading import VisionWeightLoading\n"
+    sort = "loader.load_weights(sorted(self.hf_to_vllm_mapper.apply(weights)))"
+    mixin = MIXIN_SOURCE.replace("loader.load_weights(self.hf_to_vllm_mapper.apply(weights))", sort)
+    mixin = mixin if held else MIXIN_SOURCE
+    tree = _shaped(
+        make_tree,
+        "0.34.0",
+        {
+            V4_VL: [
+                (V4_LOAD_WEIGHTS, V4_LOAD_WEIGHTS.split("\n")[0] + "\n        return super().load_weights(weights)\n"),
+                ("import torch\n", imports),
+                (V4_CLASS_LINE, V4_CLASS_LINE + "    VisionWeightLoading,\n"),
+            ]
+        },
+        new={MIXIN: mixin},
+    )
+    edit = _edit(_patch(cli, tree, "stream-load"), V4_VL)
+    assert edit["verdict"] == verdict, edit["detail"]
+    if held:
+        assert "not upstream: the weights are held whole: sorted(" in edit["detail"]
+    else:
+        assert "(VisionWeightLoading's, deepseek_v4/common/weight_loading.py)" not in edit["detail"]
+        assert "through WeightsMapper.apply" in edit["detail"]
+
+
 # -- shapes of our own: the fix in other spellings (upstream), the defect in other constructs (never upstream) --------
 FIXES = {
     # a generator expression over the stream, and itertools.chain of it: lazy

@@ -51,13 +51,16 @@ def _path(node: ast.AST) -> str | None:
 def callee(call: ast.Call) -> tuple[str | None, str]:
     """(the path of what a call is made on, the name called): ``loader.load_weights(...)`` and
     ``getattr(loader, "load_weights")(...)`` alike give ``("loader", "load_weights")``, a method of an expression
-    that is no path (``AutoWeightsLoader(self).load_weights``) ``("<expression>", ...)``; a plain name, ``(None,
-    name)``; anything else, ``(None, "")``."""
+    that is no path (``AutoWeightsLoader(self).load_weights``) ``("<expression>", ...)``, a base's method
+    (``super().load_weights``) ``("super()", ...)``; a plain name, ``(None, name)``; anything else, ``(None, "")``."""
     func = call.func
     if isinstance(func, ast.Name):
         return None, func.id
     if isinstance(func, ast.Attribute):
-        return _path(func.value) or "<expression>", func.attr
+        base = func.value
+        if isinstance(base, ast.Call) and isinstance(base.func, ast.Name) and base.func.id == "super":
+            return "super()", func.attr
+        return _path(base) or "<expression>", func.attr
     name = getattr_name(func)
     if name is not None:
         return _path(func.args[0]) or "<expression>", name  # type: ignore[attr-defined]
@@ -243,11 +246,12 @@ class _Slice:
                     kept.append(_copy(stmt, inner, handlers))
                 continue
             jump = jumps and isinstance(stmt, (ast.Break, ast.Continue))
-            leave = (returns or exits) and isinstance(stmt, ast.Return)
+            leave = (returns or exits) and isinstance(stmt, (ast.Return, ast.Raise))  # a raise ends its path too
             writes = any(_related(self.canon(w), self.wanted) for w in written)
             if own or jump or leave:
                 kept.append(stmt)
-                if own or returns:  # a return kept for its state only: what it returns is not read
+                if own or (returns and not isinstance(stmt, ast.Raise)):  # a return kept for its state only:
+                    # what it returns is not read; what a raise raises never is
                     reads |= {self.canon(r) for r in read} - {w for w in written if "." not in w}
                 if own and not writes:
                     self.touch_only.add(id(stmt))

@@ -543,9 +543,22 @@ class Run:
         test = self._test(test_node, st, frame)
         if test == "raises":
             return _State(st.env, Reach.NO)
+        left = self._left(frame)
         yes = self._block(body, st.copy(st.reach.when(test)), frame)  # type: ignore[arg-type]
+        yes_raised = yes.reach is Reach.NO and self._left(frame) == left
+        left = self._left(frame)
         no = self._block(orelse, st.copy(st.reach.when(None if test is None else not test)), frame)
+        no_raised = no.reach is Reach.NO and self._left(frame) == left
+        if test is None and st.reach is not Reach.NO and yes_raised != no_raised:
+            # an arm that only raises is no way through: what completes went by the other one
+            return _State((no if yes_raised else yes).env, st.reach)
         return self._join(yes, no)
+
+    @staticmethod
+    def _left(frame: _Frame) -> tuple[int, int]:
+        """How many paths have left so far by a return, a break or a continue (an arm that ends without adding
+        one raised)."""
+        return len(frame.exits), sum(len(jumps) for jumps in frame.loops)
 
     def _join(self, a: _State, b: _State) -> _State:
         if a.reach is Reach.NO:
