@@ -232,6 +232,13 @@ FIXES = {
         "        return loader.load_weights(keep(self.hf_to_vllm_mapper.apply(weights)))\n",
         "stream-load",
     ),
+    # the language model holds what its loader returns (the names it loaded), not the stream it is given
+    "stream-load: the loaded names in a list": (
+        V4_MODEL,
+        "        return loader.load_weights(weights, mapper=self.hf_to_vllm_mapper)\n",
+        "        return list(loader.load_weights(weights, mapper=self.hf_to_vllm_mapper))\n",
+        "stream-load",
+    ),
     # the dtype read through getattr with a default, tested with `is`
     "dtype-policy: getattr and is": (
         O_PROJ,
@@ -264,6 +271,13 @@ DEFECTS = {
         "        import itertools\n\n"
         "        first, second = itertools.tee(self.hf_to_vllm_mapper.apply(weights))\n"
         "        return loader.load_weights(second)\n",
+        "stream-load",
+    ),
+    # the language model holds its part of the stream before its loader takes it
+    "stream-load: the language model's part in a tuple": (
+        V4_MODEL,
+        "        return loader.load_weights(weights, mapper=self.hf_to_vllm_mapper)\n",
+        "        return loader.load_weights(tuple(weights), mapper=self.hf_to_vllm_mapper)\n",
         "stream-load",
     ),
     # a generator that takes every item before it yields one
