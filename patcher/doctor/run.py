@@ -52,6 +52,7 @@ CHECK_MODULES = (
     "v41_serving",  # v41.*: DSpark, EP filter, topology, indexer top-k, streams, FlashInfer (V4.1 only)
     "v41_engram",  # v41.engram-capacity: the Engram tables against the host (V4.1 only)
     "overlay",  # rt.overlay-imports: files of vLLM overlaid from another vLLM, and the names they lack
+    "hooks",  # rt.hooks: sitecustomize, usercustomize and .pth lines that name vllm
     "environ",  # env.*: environment variables and serve flags against this vLLM and pack
     "host",  # host.*: the GPUs, memory, page cache, the pack's size
 )
