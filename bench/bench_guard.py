@@ -6,10 +6,10 @@ use: about 8 GB and 10 minutes), with this checkout installed into it.
 1. Cost. In fresh processes of the venv, one after another: ``import vllm``, then
    ``import patch_dsv4.guard``, then ``patch_dsv4.guard.check()`` (each timed in the
    process), on a pristine known build (no state: the guard decides from anchors/)
-   and on an applied tree (the guard checks the state's hashes). One warm-up process,
-   then ``--repeat`` measured ones per tree; medians. It also says whether ``check()``
-   took a fast path or fell back to a full judgement. The target is at most 10 ms per
-   process on an applied tree.
+   and on an applied tree (the guard reads and hashes every file the state names).
+   One warm-up process, then ``--repeat`` measured ones per tree; medians. It also
+   says whether ``check()`` took a fast path or fell back to a full judgement. The
+   target is at most 5 ms per process on an applied tree (import and check()).
 2. Callers. A throwaway ``vllm.general_plugins`` entry point (a dist-info and a module
    written into the venv for this run only, removed after) appends its pid, parent pid
    and argv to a file; ``vllm serve --help``, ``EngineArgs(model=...)`` and, as a
@@ -27,14 +27,23 @@ image: bytecode compiled, RECORD beside it), a writable copy of the release's in
 applied with it, and each fresh interpreter (``python -I`` of a venv with nothing installed: a cold interpreter)
 registers that tree's ``vllm/`` as the imported vLLM and times ``import patch_dsv4.guard`` plus ``check()``, wall
 and CPU, with PATCH_DSV4_GUARD=strict (any problem would stop the run): without and with PATCH_DSV4_EXPECT (the
-tree's own fingerprint: the guard computes and compares it), in a bare interpreter (every module the guard needs
-counted) and after the standard library modules a vLLM process has imported before it calls its plugins (logging,
-json, hashlib, re, fcntl). ``--against CHECKOUT`` measures another checkout (e.g. a worktree of main) the same way,
-interleaved with this one run by run, so that the machine's load falls on both alike. The tree is measured where
-apply left it (the stat keys apply recorded hold: the guard reads no file); the trimmed trees of ``--keep`` are
-copies, on which the guard reads and hashes every file.
+tree's own fingerprint: the guard computes and compares it), after the standard library modules a vLLM process has
+imported before it calls its plugins (logging, json, hashlib, re, fcntl: where the guard runs, and where its 5 ms
+target holds), and in a bare interpreter (every module the guard needs counted, json and hashlib included).
+``--against CHECKOUT`` measures another checkout (e.g. a worktree of main) the same way, interleaved with this one run
+by run, so that the machine's load falls on both alike. Every run reads and hashes every file the guard vouches for:
+there is no cache of them to hold or not.
 
     python bench/bench_guard.py --tree [--version 0.30.0] [--repeat 30] [--against /tmp/guard-base]
+
+``--hostile`` measures what a hostile or unlucky file costs the guard's first call (the interpreter as a vLLM process
+has it): the state's manifest padded to 60 MB, cut in half, nested 300,000 deep, 512 KiB of empty objects (the most
+values a manifest may hold), vLLM's METADATA with a 100 MB line, its RECORD padded to 64 MB, a held lock whose holder
+line is 10 MB of escapes: the wall time of check() and the peak memory it adds (ru_maxrss after, less before), the
+largest of ``--repeat`` fresh interpreters each, against the targets (20 ms, 20 MB), and what the guard said. The
+peak is VmHWM after check() less VmRSS before it, the peak reset before it (/proc/self/clear_refs: Linux).
+
+    python bench/bench_guard.py --hostile [--version 0.30.0] [--repeat 5]
 """
 
 from __future__ import annotations
@@ -250,15 +259,18 @@ def measure(work: Path, repeat: int) -> None:
         if runs[-1]["problems"]:
             print(f"{'':16} reported: {', '.join(runs[-1]['problems'])}")
     for label in prepared["setups"]:
-        worst = max(
-            statistics.median(r["import_guard"] + r["check"] for r in results[(label, e, False)]) for e in (0, 1)
-        )
         bare_modules = sorted(m for m in results[(label, True, False)][-1]["modules"])
         print(f"{label}: modules the first call imports in a bare interpreter (EXPECT set): {', '.join(bare_modules)}")
-        print(
-            f"{label}: target first call <= 5 ms (bare interpreter, wall median, with and without EXPECT): "
-            f"{'met' if worst <= 0.005 else 'NOT met'} ({worst * 1000:.1f} ms)"
-        )
+        for preloaded, name in ((True, "as a vLLM process has it"), (False, "bare")):
+            worst = max(
+                statistics.median(r["import_guard"] + r["check"] for r in results[(label, e, preloaded)])
+                for e in (0, 1)
+            )
+            target = "target <= 5 ms: " + ("met" if worst <= 0.005 else "NOT met") if preloaded else "for reference"
+            print(
+                f"{label}: first call, interpreter {name}, wall median, worst of with and without EXPECT: "
+                f"{worst * 1000:.1f} ms ({target})"
+            )
 
 
 def cold_tree(version: str, repeat: int, against: Path | None, keep: Path | None, prepared: Path | None) -> None:
@@ -280,6 +292,143 @@ def cold_tree(version: str, repeat: int, against: Path | None, keep: Path | None
     finally:
         if keep is None:
             shutil.rmtree(work, ignore_errors=True)
+
+
+# The guard's first call on a hostile tree, in an interpreter as a vLLM process has it; its time, the peak memory it
+# adds, and what it said. argv: the directory patch_dsv4 is installed in, the tree.
+HOSTILE = (
+    f"MARK = {MARK!r}\n"
+    + r"""
+import sys, time, types
+installed, tree = sys.argv[1:3]
+for name in ("logging", "json", "hashlib", "re", "fcntl"):
+    __import__(name)
+sys.path.insert(0, installed)
+vllm = types.ModuleType("vllm")
+vllm.__file__ = tree + "/vllm/__init__.py"
+sys.modules["vllm"] = vllm
+import patch_dsv4.guard as guard
+guard._full_judgement = lambda *a: (_ for _ in ()).throw(AssertionError("judged in full"))
+def status(key):
+    with open("/proc/self/status") as fh:
+        return int(fh.read().split(key + ":")[1].split()[0]) * 1024
+before = status("VmRSS")
+with open("/proc/self/clear_refs", "w") as fh:
+    fh.write("5")  # the peak (VmHWM) from now on: start-up's is not check()'s
+t0 = time.perf_counter()
+try:
+    guard.check()
+    said = "passed"
+except Exception as exc:
+    said = f"{type(exc).__name__}: {exc}"
+t1 = time.perf_counter()
+added = status("VmHWM") - before
+print(MARK + repr({"check": t1 - t0, "added": added, "said": said}))
+"""
+)
+
+
+def _damage_cases():
+    """name -> what it does to an applied tree (the state's manifest and lock, vLLM's dist-info)."""
+
+    def manifest(tree):
+        return tree / ".patch-dsv4" / "manifest.json"
+
+    def pad(path, size):
+        with open(path, "r+b") as fh:
+            fh.seek(0, 2)
+            fh.write(b" " * (size - fh.tell()))  # real bytes: JSON's blanks, a valid document still
+
+    def cut(tree):
+        data = manifest(tree).read_bytes()
+        manifest(tree).write_bytes(data[: len(data) // 2])
+
+    def metadata_line(tree):
+        path = next(tree.glob("vllm-*.dist-info")) / "METADATA"
+        head, _, rest = path.read_text().partition("\n")
+        path.write_text(head + "\nSummary: " + "x" * (100 << 20) + "\n" + rest)
+
+    def metadata_lines(tree):
+        path = next(tree.glob("vllm-*.dist-info")) / "METADATA"
+        head = path.read_bytes().partition(b"\n\n")[0]
+        path.write_bytes(head + b"\nA:" * ((1 << 20) // 3 - len(head) // 3 - 1) + b"\n\n")
+
+    def record(tree):
+        pad(next(tree.glob("vllm-*.dist-info")) / "RECORD", 64 << 20)
+
+    return {
+        "none (an applied tree)": lambda tree: None,
+        "manifest padded to 60 MB": lambda tree: pad(manifest(tree), 60 << 20),
+        "manifest cut in half": cut,
+        "manifest nested 300,000 deep": lambda tree: manifest(tree).write_bytes(b"[" * 300_000),
+        "manifest of 512 KiB of empty objects": lambda tree: manifest(tree).write_bytes(
+            b"[" + b",".join([b"{}"] * ((512 << 10) // 3 - 1)) + b"]"
+        ),
+        "METADATA with a 100 MB line": metadata_line,
+        "METADATA of 1 MiB of header lines": metadata_lines,
+        "RECORD padded to 64 MB": record,
+        "lock held, its holder line 10 MB of escapes": lambda tree: (tree / ".patch-dsv4.lock").write_bytes(
+            b"pid 1 " + b"\x1b[31m" * (10 << 20 // 5) + b"\n"
+        ),
+    }
+
+
+def hostile(version: str, repeat: int) -> None:
+    """The guard's first call on each hostile tree of :func:`_damage_cases`, in fresh interpreters."""
+    import fcntl
+    import shutil
+    import subprocess
+
+    from tests.releases import copy_tree, pristine_tree
+
+    work = Path(tempfile.mkdtemp(prefix="bench-guard-hostile-"))
+    try:
+        installed = _install(ROOT, work / "installed")
+        results = {}
+        for n, (name, damage) in enumerate(_damage_cases().items()):
+            tree = copy_tree(pristine_tree(version), work / f"tree-{n}" / "site-packages")
+            _with(installed, "apply", "--site-packages", str(tree), "-q")
+            damage(tree)
+            lock = tree / ".patch-dsv4.lock"
+            held = open(lock, "rb") if lock.exists() else None
+            if held is not None:
+                fcntl.flock(held, fcntl.LOCK_EX)  # another process's hold: the guard only looks
+            runs = []
+            try:
+                for i in range(repeat + 1):
+                    env = {"PATCH_DSV4_GUARD": "strict", "PATH": "/usr/bin:/bin"}
+                    proc = subprocess.run(
+                        [sys.executable, "-I", "-c", HOSTILE, str(installed), str(tree)],
+                        capture_output=True,
+                        text=True,
+                        env=env,
+                    )
+                    lines = [line for line in proc.stdout.splitlines() if line.startswith(MARK)]
+                    if proc.returncode or not lines:
+                        raise SystemExit(f"{name}: the timing process failed:\n{proc.stderr[-2000:]}")
+                    if i:
+                        runs.append(ast.literal_eval(lines[-1][len(MARK) :]))
+            finally:
+                if held is not None:
+                    held.close()
+            results[name] = runs
+            shutil.rmtree(work / f"tree-{n}", ignore_errors=True)
+    finally:
+        import shutil
+
+        shutil.rmtree(work, ignore_errors=True)
+    print(
+        f"vLLM {version}, applied tree, damaged; the guard's first call (strict) in fresh interpreters (Python "
+        f"{sys.version.split()[0]}, logging, json, hashlib, re, fcntl imported first, as in a vLLM process); "
+        f"the largest of {repeat}; load average {os.getloadavg()[0]:.1f} at the end"
+    )
+    print(f"{'what':46} {'check()':>9} {'memory added':>13}  targets 20 ms, 20 MB; what it said")
+    for name, runs in results.items():
+        worst_time = max(r["check"] for r in runs)
+        worst_memory = max(r["added"] for r in runs)
+        met = "ok" if worst_time <= 0.020 and worst_memory <= 20 << 20 else "OVER"
+        said = runs[-1]["said"].replace(str(Path(tempfile.gettempdir())), "TMP")
+        print(f"{name:46} {worst_time * 1000:6.1f} ms {worst_memory / (1 << 20):9.1f} MB  {met}; {said[:150]}")
 
 
 PROBE_NAME = "patch_dsv4_bench_probe"
@@ -383,7 +532,11 @@ def main() -> None:
     parser.add_argument("--against", type=Path, help="with --tree: another checkout, measured interleaved")
     parser.add_argument("--keep", type=Path, help="with --tree: prepare into this directory and leave it")
     parser.add_argument("--prepared", type=Path, help="with --tree: measure what --keep left (nothing is built)")
+    parser.add_argument("--hostile", action="store_true", help="hostile and unlucky files: time and memory added")
     args = parser.parse_args()
+    if args.hostile:
+        hostile(args.version, args.repeat or 5)
+        return
     if args.tree:
         resolved = [p and p.resolve() for p in (args.against, args.keep, args.prepared)]
         cold_tree(args.version, args.repeat or 30, *resolved)
@@ -426,8 +579,8 @@ def main() -> None:
         print(f"{'':36} check() per run: {per_run} ms; reported: {', '.join(r['problems']) or 'nothing'}")
     applied = results[-1]["median"]["check"] + results[-1]["median"]["import_guard"]
     print(
-        f"target: guard (import + check) <= 10 ms per process on an applied tree: "
-        f"{'met' if applied <= 0.010 else 'NOT met'} ({applied * 1000:.1f} ms)"
+        f"target: guard (import + check) <= 5 ms per process on an applied tree: "
+        f"{'met' if applied <= 0.005 else 'NOT met'} ({applied * 1000:.1f} ms)"
     )
     if seen:
         print("\nprocesses that called vllm.general_plugins (PATCH_DSV4_GUARD=warn, pending tree):")

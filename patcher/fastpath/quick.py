@@ -38,6 +38,7 @@ from patch_dsv4.tree.installed import (
     read_file,
     read_record,
     read_state,
+    record_digest,
     sha256_file,
 )
 from patch_dsv4.tree.manifest_rules import READABLE_SCHEMAS, InvalidManifest, check_manifest
@@ -222,7 +223,7 @@ def patch_digest() -> str:
             path = prefix + name  # POSIX: name's "/" is the separator
             sha = _recorded_sha(installed, path[len(site) :].replace(os.sep, "/"), path) if installed else None
             if sha is None:
-                sha = _record_form(hashlib.sha256(read_file(path, 32 << 20)).digest())
+                sha = record_digest(read_file(path, 32 << 20))
             digest.update(f"{name}\0{sha}\0".encode())
     return digest.hexdigest()
 
@@ -262,21 +263,12 @@ def _sources(directory: str) -> list[str]:
     return sorted(found)
 
 
-_B64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"  # RECORD's: base64, URL-safe, unpadded
-
-
-def _record_form(sha: bytes) -> str:
-    """A sha256 as a wheel's RECORD writes it (43 characters of URL-safe base64), without importing base64."""
-    number = int.from_bytes(sha, "big") << 2  # 256 bits, padded to 43 characters of 6 bits
-    return "".join(_B64[(number >> (6 * (42 - i))) & 63] for i in range(43))
-
-
 def _installed_hashes(dist_info: str) -> tuple[dict, int] | None:
     """A wheel's RECORD (path -> (algorithm, digest, size)) and RECORD's mtime; None without a readable one (an
     editable install, a package not installed from a wheel): the files are read then."""
     try:
         written = os.stat(os.path.join(dist_info, "RECORD")).st_mtime_ns
-        return read_record(dist_info), written
+        return read_record(dist_info, "patch_dsv4/"), written  # the package's own lines: what the digest reads
     except (OSError, Unreadable):
         return None
 
@@ -286,8 +278,8 @@ def _recorded_sha(installed: tuple[dict, int], rel: str, path: str) -> str | Non
     modified after RECORD was written; None otherwise (the file is read)."""
     entries, written = installed
     algorithm, sha, size = entries.get(rel, ("", "", ""))
-    if algorithm != "sha256" or len(sha) != 43 or sha.strip(_B64) or not size.isdigit():
-        return None  # not listed, or another hash: read as any other file
+    if algorithm != "sha256" or len(sha) != 43 or not size.isdigit():
+        return None  # not listed, or another hash: read as any other file (read_record checked its characters)
     try:
         st = os.stat(path)
     except OSError:

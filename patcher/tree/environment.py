@@ -10,9 +10,7 @@ traceback, in bounded time and memory.
 
 from __future__ import annotations
 
-import base64
 import functools
-import hashlib
 import json
 import subprocess
 import sys
@@ -28,9 +26,7 @@ VLLM = "vllm"
 FLASHINFER = installed.FLASHINFER
 
 
-def record_digest(data: bytes) -> str:
-    """The hash in pip's RECORD format: urlsafe base64 of sha256, no padding."""
-    return base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+record_digest = installed.record_digest  # the hash in pip's RECORD format: urlsafe base64 of sha256, no padding
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,10 @@ RECORD_LIMIT = 32 << 20  # vLLM 0.30.0's is 0.6 MB (5,600 files)
 WHEEL_LIMIT = 64 << 10  # 103 bytes
 SOURCE_LIMIT = 32 << 20  # a Python source file; vLLM's largest is under 1 MB
 LOCK_LIMIT = 200  # the holder's "pid N since DATE" line
+#: JSON values a state file may hold (counted as its commas and open brackets, before it is parsed): what json.loads
+#: builds is bounded by this, not by the bytes (512 KiB of ``{},`` would be 175,000 objects, 13 MB, tens of ms).
+STATE_VALUES = 20_000  # 0.30.0's manifest with every default patch: 490
+METADATA_LINES = 10_000  # header lines of a METADATA read (vLLM 0.30.0's: 90)
 _INT_DIGITS = 20  # JSON integers longer than this are refused: parsing one is quadratic before Python 3.11
 
 
@@ -76,11 +80,10 @@ def _open(path: str, what: str, follow: bool, dir_fd: int | None = None) -> int:
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise Unreadable(what, "is not a regular file")
-        os.set_blocking(fd, True)
     except BaseException:
         os.close(fd)
         raise
-    return fd
+    return fd  # O_NONBLOCK kept: it changes nothing for a regular file's reads
 
 
 def _read_fd(fd: int, what: str, limit: int, format_name: str) -> bytes:
@@ -119,6 +122,19 @@ def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def record_digest(data: bytes) -> str:
+    """The sha256 of ``data`` as a wheel's RECORD writes it: urlsafe base64, unpadded (43 characters)."""
+    import base64
+    import hashlib
+
+    return base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+
+def holder_text(data: bytes) -> str:
+    """Who holds a lock, as its file says: the first line, printable, at most LOCK_LIMIT characters."""
+    return _shown(data[:LOCK_LIMIT].partition(b"\n")[0].strip(), LOCK_LIMIT)
+
+
 def sha256_file(path: str, limit: int = SOURCE_LIMIT) -> str | None:
     """The sha256 of the regular file ``path`` (links followed), read to its end in this call; None where it is
     absent, not a regular file, larger than ``limit`` or unreadable (no sha256 stands for those)."""
@@ -132,7 +148,13 @@ def sha256_file(path: str, limit: int = SOURCE_LIMIT) -> str | None:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_size > limit:
             return None
-        os.set_blocking(fd, True)
+        if st.st_size < 1 << 20:  # a source file: one read of its size and a byte more, which EOF cuts short
+            data = os.read(fd, st.st_size + 1)
+            if len(data) == st.st_size:
+                return hashlib.sha256(data).hexdigest()
+            if len(data) > st.st_size:
+                return None  # it grew while read: not the file its status gave
+            os.lseek(fd, 0, os.SEEK_SET)  # shorter than its status: read it to its end below
         digest = hashlib.sha256()
         left = limit + 1
         while left > 0:
@@ -203,6 +225,8 @@ def read_state(site_packages: str, name: str = MANIFEST, limit: int = MANIFEST_L
         raise Unreadable(name, f"cannot be read ({exc.strerror or exc})") from None
     finally:
         os.close(fd)
+    if data.count(b",") + data.count(b"[") + data.count(b"{") > STATE_VALUES:
+        raise Unreadable(name, f"holds more than {STATE_VALUES:,} JSON values: one patch-dsv4 writes holds hundreds")
     return parse_json(data, name)
 
 
@@ -223,8 +247,7 @@ def lock_holder(site_packages: str) -> str | None:
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except OSError:
-            holder = _shown(os.pread(fd, LOCK_LIMIT, 0).partition(b"\n")[0].strip(), LOCK_LIMIT)
-            return holder or "another patch-dsv4 process"
+            return holder_text(os.pread(fd, LOCK_LIMIT, 0)) or "another patch-dsv4 process"
         return None
     finally:
         os.close(fd)
@@ -241,16 +264,22 @@ def canonical(name: str) -> str:
 
 def metadata_headers(text: str) -> dict[str, list[str]]:
     """The headers of a METADATA (or PKG-INFO) text, lower-case name -> values in order: the lines before the first
-    blank one (the description after it is not read); a continuation line is passed over."""
+    blank one (the description after it is not read); a continuation line is passed over. ValueError past
+    METADATA_LINES header lines."""
     headers: dict[str, list[str]] = {}
-    for line in text.split("\n"):
-        line = line.rstrip("\r")
+    start = 0
+    for _ in range(METADATA_LINES):
+        end = text.find("\n", start)
+        line = text[start : end if end >= 0 else len(text)].rstrip("\r")
         if not line.strip():
-            break
+            return headers
         key, sep, value = line.partition(":")
         if sep and not line[0].isspace():
             headers.setdefault(key.strip().lower(), []).append(value.strip())
-    return headers
+        if end < 0:
+            return headers
+        start = end + 1
+    raise ValueError(f"more than {METADATA_LINES:,} header lines")
 
 
 class DistInfo:
@@ -300,6 +329,8 @@ def read_dist(path: str, metadata_name: str, wanted: str) -> DistInfo | None:
         headers = metadata_headers(data.decode("utf-8"))
     except UnicodeDecodeError as exc:
         raise Unreadable(shown, f"is not UTF-8 (byte {exc.start})") from None
+    except ValueError as exc:
+        raise Unreadable(shown, f"has {exc}: it is not one pip writes") from None
     name, version = (headers.get("name") or [""])[0], (headers.get("version") or [""])[0]
     if canonical(name) != wanted or not version:
         return None
@@ -351,9 +382,6 @@ def _matching_modules(dist: DistInfo, package: str) -> int:
         record = dist.record()
     except Unreadable:
         return -1
-    import base64
-    import hashlib
-
     matches = 0
     for rel, digest in record.items():
         if rel.startswith(package + "/") and rel.count("/") == 1 and rel.endswith(".py"):
@@ -361,14 +389,15 @@ def _matching_modules(dist: DistInfo, package: str) -> int:
                 data = read_file(os.path.join(dist.root, rel), SOURCE_LIMIT)
             except (OSError, Unreadable):
                 continue
-            matches += base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode() == digest
+            matches += record_digest(data) == digest
     return matches
 
 
-def read_record(dist_info: str) -> dict[str, tuple[str, str, str]]:
+def read_record(dist_info: str, prefix: str = "") -> dict[str, tuple[str, str, str]]:
     """A wheel's RECORD (CSV: path, ``algorithm=digest``, size) as path -> (algorithm, digest, size), the hash and
-    size empty where RECORD gives none. Unreadable where it is missing, not a regular file, over its limit, not
-    UTF-8, or holds a line that is not one pip writes (naming the line)."""
+    size empty where RECORD gives none; with ``prefix``, only the lines that begin with it. Unreadable where it is
+    missing, not a regular file, over its limit, not UTF-8, or holds a line that is not one pip writes (naming the
+    line)."""
     shown = f"{os.path.basename(dist_info)}/RECORD"
     try:
         data = read_file(os.path.join(dist_info, "RECORD"), RECORD_LIMIT, "a RECORD", shown)
@@ -381,7 +410,7 @@ def read_record(dist_info: str) -> dict[str, tuple[str, str, str]]:
     entries = {}
     for number, line in enumerate(text.split("\n"), 1):
         line = line.rstrip("\r")
-        if not line:
+        if not line or not line.startswith(prefix):
             continue
         row = _record_row(line)
         if row is None:
@@ -390,13 +419,32 @@ def read_record(dist_info: str) -> dict[str, tuple[str, str, str]]:
     return entries
 
 
-_HASH_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_=")
+_HASH_CHARS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_="  # urlsafe base64
 
 
 def _record_row(line: str) -> tuple[str, str, str, str] | None:
     """(path, algorithm, digest, size) of one RECORD line (csv's default dialect: a field may be quoted, ``""``
     within it a quote); None where it is not three fields of a path, ``algorithm=digest`` or nothing, and a size
     in digits or nothing."""
+    if '"' not in line:
+        fields = line.split(",")  # what pip writes for every path without a comma or a quote in it
+    else:
+        fields = _quoted_fields(line)
+        if fields is None:
+            return None
+    if len(fields) != 3 or not fields[0]:
+        return None
+    path, hashed, size = fields
+    algorithm, sep, digest = hashed.partition("=")
+    if hashed and (not sep or not algorithm.isalnum() or not 0 < len(digest) <= 128 or digest.strip(_HASH_CHARS)):
+        return None
+    if size and not (size.isdigit() and len(size) <= 20):
+        return None
+    return path, algorithm, digest, size
+
+
+def _quoted_fields(line: str) -> list[str] | None:
+    """The fields of a CSV line with quoted fields; None where a quote is left open or text follows one."""
     fields, at = [], 0
     while True:
         if line.startswith('"', at):
@@ -420,17 +468,8 @@ def _record_row(line: str) -> tuple[str, str, str, str] | None:
             fields.append(line[at : comma if comma >= 0 else len(line)])
             at = comma if comma >= 0 else len(line)
         if at >= len(line):
-            break
+            return fields
         at += 1  # the comma
-    if len(fields) != 3 or not fields[0]:
-        return None
-    path, hashed, size = fields
-    algorithm, sep, digest = hashed.partition("=")
-    if hashed and (not sep or not algorithm.isalnum() or not 0 < len(digest) <= 128 or set(digest) - _HASH_CHARS):
-        return None
-    if size and not (size.isdigit() and len(size) <= 20):
-        return None
-    return path, algorithm, digest, size
 
 
 # -- FlashInfer's pin ------------------------------------------------------------------------
@@ -483,6 +522,8 @@ def flashinfer_pin(requirements) -> str | None:
     """The FlashInfer release a requirement list pins (``flashinfer-python==X``, X exact, with no extra asked for
     and its marker holding here); None where it pins none."""
     for text in requirements:
+        if text.lstrip()[:10].lower() != "flashinfer":
+            continue  # another project (the name leads; its spellings differ only after these letters)
         parsed = parse_requirement(text)
         if parsed is None or parsed[0] != FLASHINFER:
             continue

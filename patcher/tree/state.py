@@ -505,7 +505,7 @@ class StateStore:
     @staticmethod
     def _holder(fd: int) -> str:
         try:
-            text = os.pread(fd, 200, 0).decode("utf-8", "replace").strip()
+            text = installed.holder_text(os.pread(fd, installed.LOCK_LIMIT, 0))
         except OSError:
             text = ""
         return text or "another patch-dsv4 process"
