@@ -139,7 +139,9 @@ def _fast_verify(args: list[str]) -> int | None:
         recorded = quick.vouched(located, serving.opt_ins_from_env())
         if recorded is None:
             return None  # not vouched for, or an opt-in asked for that the state does not keep: judged in full
-        served = serving.of_recorded(located, recorded)
+        # the fingerprint where it is compared or shown (--expect, JSON, markdown, -v): a plain table has none
+        shown = "expect" in options or options["format"] != "table" or options["verbosity"] > 0
+        served = serving.of_recorded(located, recorded) if shown else None
     except quick.Unreadable:
         return None  # a malformed state or dist-info: the full path says so, in the same words, with what to do
     from patch_dsv4.output.render import render, write_failure
@@ -147,7 +149,7 @@ def _fast_verify(args: list[str]) -> int | None:
 
     target_args = "" if site is None else f" --site-packages {quick.quote(site)}"
     hooks = find_hooks([site], [site]) if site is not None else find_hooks(search)
-    document = quick.recorded_document(located, recorded, target_args, served, hooks)  # a document: no typed report
+    document = quick.recorded_document(located, recorded, target_args, served, hooks, fingerprint=shown)
     if "expect" in options:
         try:
             serving.write_differences(serving.expect(document, served, options["expect"]))

@@ -470,11 +470,14 @@ def known_judgement(site: Site) -> Recorded | None:
     return recorded_verdicts(site, manifest, hasher)
 
 
-def recorded_document(site: Site, recorded: Recorded, target_args: str = "", served=None, hooks=()) -> dict:
+def recorded_document(
+    site: Site, recorded: Recorded, target_args: str = "", served=None, hooks=(), fingerprint: bool = True
+) -> dict:
     """The verify document of recorded verdicts (the document the full judgement gives), without the typed model.
 
     ``served``: their fingerprint (patch_dsv4.fastpath.serving.of_recorded), when the caller has it already;
-    ``hooks``: the start-up hooks that name vLLM (patch_dsv4.tree.hooks.find_hooks), each a note.
+    ``hooks``: the start-up hooks that name vLLM (patch_dsv4.tree.hooks.find_hooks), each a note;
+    ``fingerprint``: False where no one reads it (a plain table): not made, None in the document.
     """
     from patch_dsv4.fastpath.serving import of_recorded
     from patch_dsv4.output.render import (
@@ -523,7 +526,7 @@ def recorded_document(site: Site, recorded: Recorded, target_args: str = "", ser
         summary=summary_text("verify", (p["verdict"] for p in patches), "hashes match the recorded state"),
         backups=os.path.join(site.site_packages, STATE_DIR, "backups"),
         next_step=next_command(target_args, bad),
-        fingerprint=(served or of_recorded(site, recorded)).text,
+        fingerprint=(served or of_recorded(site, recorded)).text if fingerprint else None,
         notes=[hook.note(site.site_packages) for hook in hooks],
         hooks=[hook.to_json() for hook in hooks],
     )

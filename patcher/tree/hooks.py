@@ -44,9 +44,10 @@ class Hook:
         more = len(self.modules) - _SHOWN_MODULES
         return (shown + (f" and {more} more" if more > 0 else "")) if self.modules else "none it could read"
 
-    def note(self, site_packages: str | None = None, width: int = 80) -> str:
-        """One line of at most ``width`` columns: the file (relative to ``site_packages`` where it lies in it,
-        shortened at its start where it must be), and what verify cannot see of it."""
+    def note(self, site_packages: str | None = None, width: int = 74) -> str:
+        """One line of at most ``width`` columns (74: the table prints it after ``note: ``, in 80): the file
+        (relative to ``site_packages`` where it lies in it, shortened at its start where it must be), and what
+        verify cannot see of it."""
         tail = " hooks vllm: verify covers files, not import-time changes"
         shown = self.path
         if site_packages:
