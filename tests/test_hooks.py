@@ -114,7 +114,7 @@ def test_only_the_first_sitecustomize_runs_and_only_import_lines_of_a_pth(tmp_pa
     ]
 
 
-@pytest.mark.parametrize("hostile", ["huge", "fifo", "not-utf8", "a-directory", "a-link-loop"])
+@pytest.mark.parametrize("hostile", ["huge", "fifo", "not-utf8", "a-directory", "a-link-loop", "many-imports"])
 def test_a_hostile_hook_is_read_in_bounds_and_never_run(hostile, tmp_path):
     """A sitecustomize of 64 MiB (vllm named past the first MiB), a FIFO, undecodable bytes, a directory, a link
     loop: read at most 1 MiB, never blocked on, never run; the huge one is named as not read whole."""
@@ -130,6 +130,9 @@ def test_a_hostile_hook_is_read_in_bounds_and_never_run(hostile, tmp_path):
         path.write_bytes(b"\xff\xfe import vllm.\xff\n")
     elif hostile == "a-directory":
         path.mkdir()
+    elif hostile == "many-imports":  # each module looked for on the path: the first FOLLOWED only
+        (site / "many.pth").write_text("".join(f"import m{n}\n" for n in range(60_000)))  # under 1 MiB
+        (site / f"m{hooks.FOLLOWED + 5}.py").write_text("import vllm\n")
     else:
         path.symlink_to(site / "loop.py")
         (site / "loop.py").symlink_to(path)

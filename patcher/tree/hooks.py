@@ -8,8 +8,9 @@ in ``status`` and ``verify``, a ``warn`` row of doctor (``rt.hooks``).
 
 A hook is reported when it names ``vllm`` (an import, a module path in a string, ``sys.modules["vllm"]``) in its
 code: the hook file itself, or for a ``.pth`` line its text and the module it imports (``import kit`` finds
-``kit.py`` or ``kit/__init__.py`` on the same path, read once). Nothing is imported or run; every file is read at
-most :data:`LIMIT` bytes (one larger that names nothing in them is reported as not read whole), regular files only.
+``kit.py`` or ``kit/__init__.py`` on the same path, read once; :data:`FOLLOWED` modules at most). Nothing is
+imported or run; every file is read at most :data:`LIMIT` bytes (one larger that names nothing in them is reported
+as not read whole), regular files only.
 Standard library only (os, through patch_dsv4.tree.installed).
 """
 
@@ -18,6 +19,7 @@ import os
 from patch_dsv4.tree.installed import Unreadable, read_file
 
 LIMIT = 1 << 20  # a hook read further than this is not read; sfxnz's largest sitecustomize.py is 60 KB
+FOLLOWED = 32  # modules a run follows from .pth import lines (a real site: a handful); more are not looked for
 CUSTOMIZE = ("sitecustomize", "usercustomize")
 _SHOWN_MODULES = 6
 
@@ -169,6 +171,8 @@ def _pth_hooks(site_dirs, directories) -> list[Hook]:
                 for module in _imported(line):
                     if module == "vllm" or module in followed and followed[module] is None:
                         continue
+                    if module not in followed and len(followed) >= FOLLOWED:
+                        continue  # a hostile .pth's thousands of imports: each would be looked for on every path
                     if module not in followed:
                         module_path = _module_file(module, directories)
                         module_text = _read_text(module_path) if module_path else None
