@@ -265,7 +265,7 @@ PRELOADED = ("logging", "json", "hashlib", "re", "fcntl")
 #: inspect: several ms in a cold interpreter), base64 and csv (RECORD is read without them), importlib.metadata,
 #: packaging, and any CPython module of its own that no public one imported.
 COSTLY = (
-    *("typing", "dataclasses", "inspect", "base64", "binascii", "csv", "_csv", "email"),
+    *("typing", "dataclasses", "inspect", "base64", "binascii", "csv", "email"),
     *("importlib.metadata", "packaging", "libcst", "patch_dsv4.tree.state", "patch_dsv4.pipeline"),
 )
 

@@ -90,3 +90,30 @@ def test_names_are_pep_503(name):
 def test_a_record_row_is_csvs(line):
     row = next(csv.reader([line]))
     assert installed._record_row(line) == (row[0], *row[1].partition("=")[::2], row[2])
+
+
+def test_no_private_cpython_module_anywhere():
+    """No module of the repository imports, looks up or names a private module of CPython's (``_json``, ``_sha2``,
+    ``_hashlib``, ...): imports, ``__import__``/``import_module`` calls and ``sys.modules`` keys, all read from the
+    code's syntax tree."""
+    import ast
+    import sys
+
+    from tests.conftest import ROOT
+
+    private = {name for name in sys.stdlib_module_names if name.startswith("_") and not name.startswith("__")}
+    found = []
+    for path in sorted(ROOT.rglob("*.py")):
+        if any(part in (".venv", "build", "dist") or part.startswith(".") for part in path.relative_to(ROOT).parts):
+            continue
+        tree = ast.parse(path.read_bytes(), str(path))
+        for node in ast.walk(tree):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [node.module or ""]
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                names = [node.value]  # a name looked up in sys.modules, or given to __import__
+            found += [f"{path.relative_to(ROOT)}:{node.lineno}: {n}" for n in names if n.split(".")[0] in private]
+    assert found == []

@@ -16,7 +16,7 @@ Standard library only (os, through patch_dsv4.tree.installed).
 
 import os
 
-from patch_dsv4.tree.installed import Unreadable, read_file
+from patch_dsv4.tree.installed import Unreadable, read_start
 
 LIMIT = 1 << 20  # a hook read further than this is not read; sfxnz's largest sitecustomize.py is 60 KB
 FOLLOWED = 32  # modules a run follows from .pth import lines (a real site: a handful); more are not looked for
@@ -90,24 +90,12 @@ def _word(ch: str) -> bool:
 
 def _read_text(path: str) -> tuple[str, bool] | None:
     """A hook's text (at most LIMIT bytes, undecodable bytes replaced) and whether that is all of it; None where
-    it is not a regular file that can be read."""
+    it is not a regular file that can be read (Python cannot run it either)."""
     try:
-        return read_file(path, LIMIT, "a start-up hook").decode("utf-8", "replace"), True
-    except FileNotFoundError:
+        data, whole = read_start(path, LIMIT)
+    except (OSError, Unreadable):
         return None
-    except Unreadable as exc:
-        if "more than" not in exc.why:
-            return None  # not a regular file, or unreadable: Python cannot run it either
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        return os.read(fd, LIMIT).decode("utf-8", "replace"), False
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
+    return data.decode("utf-8", "replace"), whole
 
 
 def _module_file(name: str, directories) -> str | None:

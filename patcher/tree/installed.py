@@ -116,6 +116,20 @@ def read_file(path: str, limit: int, format_name: str = "its format", what: str 
         os.close(fd)
 
 
+def read_start(path: str, limit: int) -> tuple[bytes, bool]:
+    """The first ``limit`` bytes of the regular file ``path`` (links followed), and whether that is all of it: for a
+    file read in part (a hook scanned for names). FileNotFoundError where it is absent; Unreadable where it is not
+    a regular file or cannot be read."""
+    fd = _open(path, path, True)
+    try:
+        data = os.read(fd, limit + 1)
+    except OSError as exc:
+        raise Unreadable(path, f"cannot be read ({exc.strerror or exc})") from None
+    finally:
+        os.close(fd)
+    return data[:limit], len(data) <= limit
+
+
 def sha256_hex(data: bytes) -> str:
     import hashlib
 
