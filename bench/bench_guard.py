@@ -47,7 +47,7 @@ line is 10 MB of escapes: the wall time of check() and the peak memory it adds (
 largest of ``--repeat`` fresh interpreters each, against the targets (20 ms, 20 MB), and what the guard said. The
 peak is VmHWM after check() less VmRSS before it, the peak reset before it (/proc/self/clear_refs: Linux).
 
-    python bench/bench_guard.py --hostile [--version 0.30.0] [--repeat 5]
+    python bench/bench_guard.py --hostile [--version 0.30.0] [--repeat 5] [--checkout OTHER]
 """
 
 from __future__ import annotations
@@ -377,8 +377,9 @@ def _damage_cases():
     }
 
 
-def hostile(version: str, repeat: int) -> None:
-    """The guard's first call on each hostile tree of :func:`_damage_cases`, in fresh interpreters."""
+def hostile(version: str, repeat: int, checkout: Path = ROOT) -> None:
+    """The guard's first call on each hostile tree of :func:`_damage_cases`, in fresh interpreters, with
+    ``checkout`` installed from its wheel (this one, or another to compare)."""
     import fcntl
     import shutil
     import subprocess
@@ -387,7 +388,7 @@ def hostile(version: str, repeat: int) -> None:
 
     work = Path(tempfile.mkdtemp(prefix="bench-guard-hostile-"))
     try:
-        installed = _install(ROOT, work / "installed")
+        installed = _install(checkout, work / "installed")
         results = {}
         for n, (name, damage) in enumerate(_damage_cases().items()):
             tree = copy_tree(pristine_tree(version), work / f"tree-{n}" / "site-packages")
@@ -422,7 +423,8 @@ def hostile(version: str, repeat: int) -> None:
 
         shutil.rmtree(work, ignore_errors=True)
     print(
-        f"vLLM {version}, applied tree, damaged; the guard's first call (strict) in fresh interpreters (Python "
+        f"{checkout}: vLLM {version}, applied tree, damaged; the guard's first call (strict) in fresh interpreters "
+        "(Python "
         f"{sys.version.split()[0]}, logging, json, hashlib, re, fcntl imported first, as in a vLLM process); "
         f"the largest of {repeat}; load average {os.getloadavg()[0]:.1f} at the end"
     )
@@ -537,10 +539,10 @@ def main() -> None:
     parser.add_argument("--keep", type=Path, help="with --tree: prepare into this directory and leave it")
     parser.add_argument("--prepared", type=Path, help="with --tree: measure what --keep left (nothing is built)")
     parser.add_argument("--hostile", action="store_true", help="hostile and unlucky files: time and memory added")
-    parser.add_argument("--checkout", type=Path, help="in the real venv: install this checkout instead of this one")
+    parser.add_argument("--checkout", type=Path, help="real venv, --hostile: install this checkout instead of this one")
     args = parser.parse_args()
     if args.hostile:
-        hostile(args.version, args.repeat or 5)
+        hostile(args.version, args.repeat or 5, (args.checkout or ROOT).resolve())
         return
     if args.tree:
         resolved = [p and p.resolve() for p in (args.against, args.keep, args.prepared)]
