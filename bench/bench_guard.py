@@ -312,7 +312,9 @@ vllm = types.ModuleType("vllm")
 vllm.__file__ = tree + "/vllm/__init__.py"
 sys.modules["vllm"] = vllm
 import patch_dsv4.guard as guard
-guard._full_judgement = lambda *a: (_ for _ in ()).throw(AssertionError("judged in full"))
+full = []
+judge = guard._full_judgement
+guard._full_judgement = lambda *a: full.append(1) or judge(*a)
 def status(key):
     with open("/proc/self/status") as fh:
         return int(fh.read().split(key + ":")[1].split()[0]) * 1024
@@ -327,7 +329,7 @@ except Exception as exc:
     said = f"{type(exc).__name__}: {exc}"
 t1 = time.perf_counter()
 added = status("VmHWM") - before
-print(MARK + repr({"check": t1 - t0, "added": added, "said": said}))
+print(MARK + repr({"check": t1 - t0, "added": added, "said": said, "full": bool(full)}))
 """
 )
 
@@ -434,7 +436,8 @@ def hostile(version: str, repeat: int, checkout: Path = ROOT) -> None:
         worst_memory = max(r["added"] for r in runs)
         met = "ok" if worst_time <= 0.020 and worst_memory <= 20 << 20 else "OVER"
         said = runs[-1]["said"].replace(str(Path(tempfile.gettempdir())), "TMP")
-        print(f"{name:46} {worst_time * 1000:6.1f} ms {worst_memory / (1 << 20):9.1f} MB  {met}; {said[:150]}")
+        full = " (judged in full)" if any(r["full"] for r in runs) else ""
+        print(f"{name:46} {worst_time * 1000:6.1f} ms {worst_memory / (1 << 20):9.1f} MB  {met}{full}; {said[:150]}")
 
 
 PROBE_NAME = "patch_dsv4_bench_probe"
