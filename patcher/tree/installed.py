@@ -33,7 +33,7 @@ LOCK_LIMIT = 200  # the holder's "pid N since DATE" line
 #: JSON values a state file may hold (counted as its commas and open brackets, before it is parsed): what json.loads
 #: builds is bounded by this, not by the bytes (512 KiB of ``{},`` would be 175,000 objects, 13 MB, tens of ms).
 STATE_VALUES = 20_000  # 0.30.0's manifest with every default patch: 490
-METADATA_LINES = 10_000  # header lines of a METADATA read (vLLM 0.30.0's: 90)
+METADATA_LINES = 2_000  # header lines of a METADATA read (vLLM 0.30.0's: 90)
 _INT_DIGITS = 20  # JSON integers longer than this are refused: parsing one is quadratic before Python 3.11
 
 
