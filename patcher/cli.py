@@ -126,7 +126,7 @@ def _fast_verify(args: list[str]) -> int | None:
     options = _plain_options(args, "verify")
     if options is None:
         return None
-    from patch_dsv4.fastpath import quick, serving
+    from patch_dsv4.fastpath import quick
 
     site = options.get("site_packages")
     search = [site] if site is not None else [p for p in sys.path if p]
@@ -136,11 +136,13 @@ def _fast_verify(args: list[str]) -> int | None:
             return None
         if site is not None and os.path.realpath(located.site_packages) != os.path.realpath(site):
             return None
-        recorded = quick.vouched(located, serving.opt_ins_from_env())
+        # the fingerprint where it is compared or shown (--expect, JSON, markdown, -v): a plain table has none,
+        # and imports the fingerprint's module only where PATCH_DSV4_WITH names opt-ins (serving.ENV_WITH)
+        shown = "expect" in options or options["format"] != "table" or options["verbosity"] > 0
+        serving = _serving() if shown or os.environ.get("PATCH_DSV4_WITH") else None
+        recorded = quick.vouched(located, serving.opt_ins_from_env() if serving else ())
         if recorded is None:
             return None  # not vouched for, or an opt-in asked for that the state does not keep: judged in full
-        # the fingerprint where it is compared or shown (--expect, JSON, markdown, -v): a plain table has none
-        shown = "expect" in options or options["format"] != "table" or options["verbosity"] > 0
         served = serving.of_recorded(located, recorded) if shown else None
     except quick.Unreadable:
         return None  # a malformed state or dist-info: the full path says so, in the same words, with what to do
@@ -159,6 +161,12 @@ def _fast_verify(args: list[str]) -> int | None:
     if document["exit_code"]:  # stderr, so also beside --json
         write_failure(document)
     return document["exit_code"]
+
+
+def _serving():
+    from patch_dsv4.fastpath import serving
+
+    return serving
 
 
 def _fast_doctor(args: list[str]) -> int | None:

@@ -2,7 +2,7 @@
 marked by status, refused by apply, takeover and revert in the plan (exit 1, nothing written), and reported by
 verify and the guard.
 
-The mount table is read from ``patch_dsv4.tree.mounts.MOUNTINFO``: the tests point it at a fixture file that lists a
+The mount table is read from ``patch_dsv4.tree.installed.MOUNTINFO``: the tests point it at a fixture file that lists a
 file of a real release tree as a mount point, so they need no mount; one test makes a real bind mount, and skips
 alone where this machine does not let it.
 """
@@ -19,7 +19,7 @@ import pytest
 
 from patch_dsv4 import guard
 from patch_dsv4.patches.stream_load import VL_MODEL
-from patch_dsv4.tree import mounts
+from patch_dsv4.tree import installed, mounts
 from tests.conftest import ROOT
 from tests.releases import content_snapshot
 
@@ -46,7 +46,7 @@ def mounted_over(tmp_path, monkeypatch):
     def mount(file, root: str) -> None:
         table = tmp_path / "mountinfo"
         table.write_text(TABLE.format(root=_escaped(root), point=_escaped(os.path.realpath(file))))
-        monkeypatch.setattr(mounts, "MOUNTINFO", str(table))
+        monkeypatch.setattr(installed, "MOUNTINFO", str(table))
 
     return mount
 
@@ -117,7 +117,7 @@ def test_the_guard_says_apply_cannot_write_the_mounted_file(make_tree, running, 
 
 def test_a_tree_without_mounts_reads_none(make_tree, cli, monkeypatch, tmp_path):
     tree = make_tree("0.30.0")
-    monkeypatch.setattr(mounts, "MOUNTINFO", str(tmp_path / "absent"))  # no table (no /proc): nothing is mounted
+    monkeypatch.setattr(installed, "MOUNTINFO", str(tmp_path / "absent"))  # no table (no /proc): nothing is mounted
     assert mounts.unreplaceable(str(tree), [VL_MODEL]) == {}
     assert cli("status", "--site-packages", tree, "--json").json()["notes"] == []
 
@@ -173,7 +173,7 @@ def test_a_directory_mounted_over_site_packages_is_named_and_refused(make_tree, 
     assert cli("apply", "--site-packages", tree).code == 0
     table = tmp_path / "mountinfo"
     table.write_text(TABLE.format(root="/kits/dsv4/common", point=_escaped(os.path.realpath(tree / COMMON))))
-    monkeypatch.setattr(mounts, "MOUNTINFO", str(table))
+    monkeypatch.setattr(installed, "MOUNTINFO", str(table))
     reason = f"{COMMON}/ is mounted over site-packages (ext4 from /kits/dsv4/common): {OVERLAY}"
     status = cli("status", "--site-packages", tree, "--json").json()
     assert f"{VL_MODEL}: {reason}" in status["notes"]
@@ -196,7 +196,7 @@ def test_a_mount_a_later_mount_above_it_hides_is_not_one_we_write_into(make_tree
         TABLE.format(root="/kits/dsv4/common", point=_escaped(os.path.realpath(tree / COMMON)))
         + f"46 22 254:0 /images/site {_escaped(site)} rw,relatime - ext4 /dev/vda rw\n"
     )
-    monkeypatch.setattr(mounts, "MOUNTINFO", str(table))
+    monkeypatch.setattr(installed, "MOUNTINFO", str(table))
     found = mounts.mount_of(os.path.realpath(tree / VL_MODEL), mounts.read_mounts())
     assert (found.mount_id, found.mount_point) == (46, site)
     assert cli("status", "--site-packages", tree, "--json").json()["notes"] == []
@@ -215,7 +215,7 @@ def test_the_whole_mount_table_is_read_however_long(make_tree, cli, tmp_path, mo
             f"99999 22 254:0 /kit/vl_model.py {_escaped(os.path.realpath(tree / VL_MODEL))} rw - ext4 /dev/vda rw\n"
         )
     assert table.stat().st_size > 12 << 20
-    monkeypatch.setattr(mounts, "MOUNTINFO", str(table))
+    monkeypatch.setattr(installed, "MOUNTINFO", str(table))
     notes = cli("status", "--site-packages", tree, "--json").json()["notes"]
     assert notes == [f"{VL_MODEL}: bind-mounted over site-packages from /kit/vl_model.py: {OVERLAY}"]
 

@@ -34,6 +34,8 @@ from patch_dsv4.tree.installed import (
     find_dist,
     flashinfer_pin,
     lock_holder,
+    mount_table,
+    mounts_below,
     parse_json,
     read_file,
     read_record,
@@ -45,10 +47,9 @@ from patch_dsv4.tree.manifest_rules import READABLE_SCHEMAS, InvalidManifest, ch
 
 
 def quote(text: str) -> str:
-    """A shell word (shlex.quote, without importing shlex for it)."""
-    import re  # verify's messages only: the console script's floor has it, and the guard needs none of it
-
-    if text and re.fullmatch(r"[\w@%+=:,./-]+", text):
+    """A shell word, as shlex.quote gives it (ASCII ``[\\w@%+=:,./-]+`` left as it is), without shlex or a regular
+    expression (compiling one costs a fresh process more than the rest of this)."""
+    if text and all((c.isascii() and c.isalnum()) or c in "_@%+=:,./-" for c in text):
         return text
     return "'" + text.replace("'", "'\"'\"'") + "'"
 
@@ -268,7 +269,7 @@ def _installed_hashes(dist_info: str) -> tuple[dict, int] | None:
     editable install, a package not installed from a wheel): the files are read then."""
     try:
         written = os.stat(os.path.join(dist_info, "RECORD")).st_mtime_ns
-        return read_record(dist_info, "patch_dsv4/"), written  # the package's own lines: what the digest reads
+        return read_record(dist_info, "patch_dsv4/", ".py,"), written  # the package's sources: what it reads
     except (OSError, Unreadable):
         return None
 
@@ -402,18 +403,18 @@ def vouched(site: Site, asked) -> Recorded | None:
 
 def _mounted(site_packages: str, relpaths: list[str]) -> bool:
     """Whether a file of ``relpaths`` lies on another mount than site-packages (patch_dsv4.tree.mounts.mounted): the
-    whole table is read, and parsed only where it may hold a mount point below site-packages or a file is reached
-    through a link."""
-    from patch_dsv4.tree import mounts
-
-    data = mounts.read_table()
-    if not data:
+    whole table is read, and parsed (mounts imported) only where it may hold a mount point below site-packages or a
+    file is reached through a link."""
+    table = mount_table()
+    if not table:
         return False  # no table: nothing is mounted (mounts.read_mounts)
     site = os.path.join(os.path.realpath(site_packages), "")
     inside = all(os.path.realpath(os.path.join(site_packages, rel)).startswith(site) for rel in relpaths)
-    if inside and not mounts.any_below(site_packages, data):
+    if inside and not mounts_below(site_packages, table):
         return False
-    return bool(mounts.mounted(site_packages, [STATE_DIR, *relpaths], mounts.parse(data)))
+    from patch_dsv4.tree import mounts
+
+    return bool(mounts.mounted(site_packages, [STATE_DIR, *relpaths], mounts.parse(table)))
 
 
 def _file_set_changed(site: Site, record: dict) -> bool:
@@ -479,7 +480,6 @@ def recorded_document(
     ``hooks``: the start-up hooks that name vLLM (patch_dsv4.tree.hooks.find_hooks), each a note;
     ``fingerprint``: False where no one reads it (a plain table): not made, None in the document.
     """
-    from patch_dsv4.fastpath.serving import of_recorded
     from patch_dsv4.output.render import (
         NEEDS_ACTION,
         edit_document,
@@ -526,10 +526,16 @@ def recorded_document(
         summary=summary_text("verify", (p["verdict"] for p in patches), "hashes match the recorded state"),
         backups=os.path.join(site.site_packages, STATE_DIR, "backups"),
         next_step=next_command(target_args, bad),
-        fingerprint=(served or of_recorded(site, recorded)).text if fingerprint else None,
+        fingerprint=(served or _of_recorded(site, recorded)).text if fingerprint else None,
         notes=[hook.note(site.site_packages) for hook in hooks],
         hooks=[hook.to_json() for hook in hooks],
     )
+
+
+def _of_recorded(site: Site, recorded: Recorded):
+    from patch_dsv4.fastpath.serving import of_recorded  # where a fingerprint is made: a plain table makes none
+
+    return of_recorded(site, recorded)
 
 
 def _needs_action_exit() -> int:

@@ -267,6 +267,30 @@ def lock_holder(site_packages: str) -> str | None:
         os.close(fd)
 
 
+# -- the mount table -------------------------------------------------------------------------
+#: The mount table read (a module attribute, so that tests can point it at a fixture file).
+MOUNTINFO = "/proc/self/mountinfo"
+
+
+def mount_table() -> bytes:
+    """The whole mount table of this process (:data:`MOUNTINFO`), b"" where there is none. Read to its end, however
+    long: a mount left out would be a mount not seen (patch_dsv4.tree.mounts reads its lines)."""
+    try:
+        with open(MOUNTINFO, "rb") as fh:
+            return fh.read()
+    except OSError:
+        return b""
+
+
+def mounts_below(site_packages: str, table: bytes) -> bool:
+    """Whether the mount table may hold a mount point below ``site_packages`` (its real path): cheap, from the
+    table's bytes, before anything is parsed. A path with a blank or a backslash (escaped in the table) counts."""
+    real = os.path.realpath(site_packages)
+    if any(c in real for c in " \t\n\\"):
+        return True
+    return os.fsencode(real + "/") in table
+
+
 # -- dist-infos ------------------------------------------------------------------------------
 def canonical(name: str) -> str:
     """A distribution's normalised name (PEP 503: each run of ``-``, ``_``, ``.`` one ``-``, lower case)."""
@@ -407,11 +431,11 @@ def _matching_modules(dist: DistInfo, package: str) -> int:
     return matches
 
 
-def read_record(dist_info: str, prefix: str = "") -> dict[str, tuple[str, str, str]]:
+def read_record(dist_info: str, prefix: str = "", within: str = "") -> dict[str, tuple[str, str, str]]:
     """A wheel's RECORD (CSV: path, ``algorithm=digest``, size) as path -> (algorithm, digest, size), the hash and
-    size empty where RECORD gives none; with ``prefix``, only the lines that begin with it. Unreadable where it is
-    missing, not a regular file, over its limit, not UTF-8, or holds a line that is not one pip writes (naming the
-    line)."""
+    size empty where RECORD gives none; with ``prefix`` and ``within``, only the lines that begin with the one and
+    hold the other (each line as written). Unreadable where it is missing, not a regular file, over its limit, not
+    UTF-8, or holds a line that is not one pip writes (naming the line)."""
     shown = f"{os.path.basename(dist_info)}/RECORD"
     try:
         data = read_file(os.path.join(dist_info, "RECORD"), RECORD_LIMIT, "a RECORD", shown)
@@ -424,7 +448,7 @@ def read_record(dist_info: str, prefix: str = "") -> dict[str, tuple[str, str, s
     entries = {}
     for number, line in enumerate(text.split("\n"), 1):
         line = line.rstrip("\r")
-        if not line or not line.startswith(prefix):
+        if not line or not line.startswith(prefix) or within not in line:
             continue
         row = _record_row(line)
         if row is None:

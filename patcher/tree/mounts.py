@@ -8,7 +8,8 @@ and a write into a mounted directory lands in the other tool's files, not the im
 revert would "restore" files it never wrote). So it is named up front: ``status`` marks it, ``apply``, ``takeover``
 and ``revert`` refuse it in the plan, before anything is written, and the guard and ``verify`` report it.
 
-The mounts are read from ``/proc/self/mountinfo`` (:data:`MOUNTINFO`; tests point it at a fixture file), all of it:
+The mounts are read from ``/proc/self/mountinfo`` (patch_dsv4.tree.installed.MOUNTINFO; tests point it at a fixture
+file), all of it:
 each line is ``ID PARENT MAJ:MIN ROOT MOUNT_POINT OPTIONS [OPTIONAL...] - FSTYPE SOURCE SUPER_OPTIONS``, with space,
 tab, newline and backslash in paths written as octal escapes (``\\040``). The mount a path is on is found as the
 kernel finds it: from the root mount down, at each step the child mount (PARENT is the mount it was mounted on) at
@@ -19,13 +20,14 @@ append-only (``chattr +i``/``+a``), or in a directory so marked, cannot be repla
 write there is not judged here (``status`` runs as anyone; ``apply`` proves it can write every file before it
 writes one).
 
-Used by verify's fast path and the guard: the standard library only (os; fcntl where a flag is asked about).
+Used by verify's fast path and the guard: the standard library only (os; fcntl where a flag is asked about), and
+patch_dsv4.tree.installed, which reads the table.
 """
 
 import os
 
-#: The mount table read (a module attribute, so that tests can point it at a fixture file).
-MOUNTINFO = "/proc/self/mountinfo"
+from patch_dsv4.tree import installed
+
 #: What a user should do about another tool's overlay (the refusal's and the notes' reason ends with it).
 OVERLAY = "another tool's overlay; patch the image it comes from"
 _FS_IOC_GETFLAGS = 0x80086601  # linux/fs.h: the inode flags (ioctl), as lsattr reads them
@@ -100,19 +102,9 @@ def parse(data: bytes) -> list[Mount]:
     return mounts
 
 
-def read_table(path: str | None = None) -> bytes:
-    """The whole mount table of this process (``path``: another mountinfo file), b"" where there is none. Read to
-    its end, however long: a mount left out would be a mount not seen."""
-    try:
-        with open(MOUNTINFO if path is None else path, "rb") as fh:
-            return fh.read()
-    except OSError:
-        return b""
-
-
-def read_mounts(path: str | None = None) -> list[Mount]:
-    """The mounts of this process (``path``: another mountinfo file); none where it cannot be read."""
-    return parse(read_table(path))
+def read_mounts() -> list[Mount]:
+    """The mounts of this process (patch_dsv4.tree.installed.mount_table); none where it cannot be read."""
+    return parse(installed.mount_table())
 
 
 def _on_path(point: str, real: str) -> bool:
@@ -231,13 +223,3 @@ def mounted(site_packages: str, relpaths, mounts: list[Mount] | None = None) -> 
         if why is not None:
             found[relpath] = why
     return found
-
-
-def any_below(site_packages: str, data: bytes) -> bool:
-    """Whether the mount table ``data`` may hold a mount point below ``site_packages`` (its real path): cheap, from
-    the table's bytes, before anything is parsed. A path with a blank or a backslash (escaped in the table) or
-    that is reached through a link (the mount may be where the link leads) is always parsed."""
-    real = os.path.realpath(site_packages)
-    if any(c in real for c in " \t\n\\"):
-        return True
-    return os.fsencode(real + "/") in data
