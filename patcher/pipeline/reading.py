@@ -123,10 +123,13 @@ def write_denied(env: Environment) -> tuple[str, str] | None:
     if os.access(site, os.W_OK | os.X_OK, effective_ids=effective):
         return None
     try:
-        owner = user_name(os.stat(site).st_uid)
+        st = os.stat(site)
+        read_only = bool(os.statvfs(site).f_flag & os.ST_RDONLY)
     except OSError:
         return None  # the write itself says what it can
-    return user_name(os.geteuid()), owner
+    if read_only or os.geteuid() in (0, st.st_uid):
+        return None  # not a matter of who runs it (a read-only mount, a mode its owner set): the write says which
+    return user_name(os.geteuid()), user_name(st.st_uid)
 
 
 def leftover(store: StateStore, view: StateView) -> str:
