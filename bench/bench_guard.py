@@ -6,10 +6,10 @@ use: about 8 GB and 10 minutes), with this checkout installed into it.
 1. Cost. In fresh processes of the venv, one after another: ``import vllm``, then
    ``import patch_dsv4.guard``, then ``patch_dsv4.guard.check()`` (each timed in the
    process), on a pristine known build (no state: the guard decides from anchors/)
-   and on an applied tree (the guard checks the state's hashes). One warm-up process,
-   then ``--repeat`` measured ones per tree; medians. It also says whether ``check()``
-   took a fast path or fell back to a full judgement. The target is at most 10 ms per
-   process on an applied tree.
+   and on an applied tree (the guard reads and hashes every file the state names).
+   One warm-up process, then ``--repeat`` measured ones per tree; medians. It also
+   says whether ``check()`` took a fast path or fell back to a full judgement. The
+   target is at most 5 ms per process on an applied tree (import and check()).
 2. Callers. A throwaway ``vllm.general_plugins`` entry point (a dist-info and a module
    written into the venv for this run only, removed after) appends its pid, parent pid
    and argv to a file; ``vllm serve --help``, ``EngineArgs(model=...)`` and, as a
@@ -19,7 +19,11 @@ use: about 8 GB and 10 minutes), with this checkout installed into it.
 
 The venv is left as it was found: the state is reverted, the throwaway plugin removed.
 
-    python bench/bench_guard.py [--version 0.30.0] [--repeat 5] [--skip-callers]
+    python bench/bench_guard.py [--version 0.30.0] [--repeat 5] [--skip-callers] [--checkout OTHER]
+
+It times ``check()`` in wall time and in CPU time (``import patch_dsv4.guard`` and ``check()``, the process's own:
+what a busy machine's waiting does not inflate); ``--checkout`` installs another checkout (a worktree of main) to
+measure it the same way.
 
 ``--tree`` measures the guard's first call without the real venv (no torch, nothing installed anywhere but in a
 temporary directory): the checkout is installed from its wheel into a directory of its own (as pip installs it in an
@@ -27,14 +31,23 @@ image: bytecode compiled, RECORD beside it), a writable copy of the release's in
 applied with it, and each fresh interpreter (``python -I`` of a venv with nothing installed: a cold interpreter)
 registers that tree's ``vllm/`` as the imported vLLM and times ``import patch_dsv4.guard`` plus ``check()``, wall
 and CPU, with PATCH_DSV4_GUARD=strict (any problem would stop the run): without and with PATCH_DSV4_EXPECT (the
-tree's own fingerprint: the guard computes and compares it), in a bare interpreter (every module the guard needs
-counted) and after the standard library modules a vLLM process has imported before it calls its plugins (logging,
-json, hashlib, re, fcntl). ``--against CHECKOUT`` measures another checkout (e.g. a worktree of main) the same way,
-interleaved with this one run by run, so that the machine's load falls on both alike. The tree is measured where
-apply left it (the stat keys apply recorded hold: the guard reads no file); the trimmed trees of ``--keep`` are
-copies, on which the guard reads and hashes every file.
+tree's own fingerprint: the guard computes and compares it), after the standard library modules a vLLM process has
+imported before it calls its plugins (logging, json, hashlib, re, fcntl: where the guard runs, and where its 5 ms
+target holds), and in a bare interpreter (every module the guard needs counted, json and hashlib included).
+``--against CHECKOUT`` measures another checkout (e.g. a worktree of main) the same way, interleaved with this one run
+by run, so that the machine's load falls on both alike. Every run reads and hashes every file the guard vouches for:
+there is no cache of them to hold or not.
 
     python bench/bench_guard.py --tree [--version 0.30.0] [--repeat 30] [--against /tmp/guard-base]
+
+``--hostile`` measures what a hostile or unlucky file costs the guard's first call (the interpreter as a vLLM process
+has it): the state's manifest padded to 60 MB, cut in half, nested 300,000 deep, 512 KiB of empty objects (the most
+values a manifest may hold), vLLM's METADATA with a 100 MB line, its RECORD padded to 64 MB, a held lock whose holder
+line is 10 MB of escapes: the wall time of check() and the peak memory it adds (ru_maxrss after, less before), the
+largest of ``--repeat`` fresh interpreters each, against the targets (20 ms, 20 MB), and what the guard said. The
+peak is VmHWM after check() less VmRSS before it, the peak reset before it (/proc/self/clear_refs: Linux).
+
+    python bench/bench_guard.py --hostile [--version 0.30.0] [--repeat 5] [--checkout OTHER]
 """
 
 from __future__ import annotations
@@ -63,7 +76,7 @@ TIMING = (
 import json, os, sys, time
 t0 = time.perf_counter()
 import vllm
-t1 = time.perf_counter()
+t1, c1 = time.perf_counter(), time.process_time()
 import patch_dsv4.guard as guard
 t2 = time.perf_counter()
 full = []
@@ -71,9 +84,9 @@ judge = guard._full_judgement
 guard._full_judgement = lambda *a: full.append(1) or judge(*a)
 os.environ["PATCH_DSV4_GUARD"] = "warn"
 guard.check()
-t3 = time.perf_counter()
+t3, c3 = time.perf_counter(), time.process_time()
 problems = guard.judge_this_vllm()
-print(MARK + json.dumps({"import_vllm": t1 - t0, "import_guard": t2 - t1, "check": t3 - t2,
+print(MARK + json.dumps({"import_vllm": t1 - t0, "import_guard": t2 - t1, "check": t3 - t2, "cpu": c3 - c1,
                           "full_judgement": bool(full), "problems": [p[0] + " " + p[1] for p in problems]}))
 """
 )
@@ -250,15 +263,18 @@ def measure(work: Path, repeat: int) -> None:
         if runs[-1]["problems"]:
             print(f"{'':16} reported: {', '.join(runs[-1]['problems'])}")
     for label in prepared["setups"]:
-        worst = max(
-            statistics.median(r["import_guard"] + r["check"] for r in results[(label, e, False)]) for e in (0, 1)
-        )
         bare_modules = sorted(m for m in results[(label, True, False)][-1]["modules"])
         print(f"{label}: modules the first call imports in a bare interpreter (EXPECT set): {', '.join(bare_modules)}")
-        print(
-            f"{label}: target first call <= 5 ms (bare interpreter, wall median, with and without EXPECT): "
-            f"{'met' if worst <= 0.005 else 'NOT met'} ({worst * 1000:.1f} ms)"
-        )
+        for preloaded, name in ((True, "as a vLLM process has it"), (False, "bare")):
+            worst = max(
+                statistics.median(r["import_guard"] + r["check"] for r in results[(label, e, preloaded)])
+                for e in (0, 1)
+            )
+            target = "target <= 5 ms: " + ("met" if worst <= 0.005 else "NOT met") if preloaded else "for reference"
+            print(
+                f"{label}: first call, interpreter {name}, wall median, worst of with and without EXPECT: "
+                f"{worst * 1000:.1f} ms ({target})"
+            )
 
 
 def cold_tree(version: str, repeat: int, against: Path | None, keep: Path | None, prepared: Path | None) -> None:
@@ -280,6 +296,148 @@ def cold_tree(version: str, repeat: int, against: Path | None, keep: Path | None
     finally:
         if keep is None:
             shutil.rmtree(work, ignore_errors=True)
+
+
+# The guard's first call on a hostile tree, in an interpreter as a vLLM process has it; its time, the peak memory it
+# adds, and what it said. argv: the directory patch_dsv4 is installed in, the tree.
+HOSTILE = (
+    f"MARK = {MARK!r}\n"
+    + r"""
+import sys, time, types
+installed, tree = sys.argv[1:3]
+for name in ("logging", "json", "hashlib", "re", "fcntl"):
+    __import__(name)
+sys.path.insert(0, installed)
+vllm = types.ModuleType("vllm")
+vllm.__file__ = tree + "/vllm/__init__.py"
+sys.modules["vllm"] = vllm
+import patch_dsv4.guard as guard
+full = []
+judge = guard._full_judgement
+guard._full_judgement = lambda *a: full.append(1) or judge(*a)
+def status(key):
+    with open("/proc/self/status") as fh:
+        return int(fh.read().split(key + ":")[1].split()[0]) * 1024
+before = status("VmRSS")
+with open("/proc/self/clear_refs", "w") as fh:
+    fh.write("5")  # the peak (VmHWM) from now on: start-up's is not check()'s
+t0 = time.perf_counter()
+try:
+    guard.check()
+    said = "passed"
+except Exception as exc:
+    said = f"{type(exc).__name__}: {exc}"
+t1 = time.perf_counter()
+added = status("VmHWM") - before
+print(MARK + repr({"check": t1 - t0, "added": added, "said": said, "full": bool(full)}))
+"""
+)
+
+
+def _damage_cases():
+    """name -> what it does to an applied tree (the state's manifest and lock, vLLM's dist-info)."""
+
+    def manifest(tree):
+        return tree / ".patch-dsv4" / "manifest.json"
+
+    def pad(path, size):
+        with open(path, "r+b") as fh:
+            fh.seek(0, 2)
+            fh.write(b" " * (size - fh.tell()))  # real bytes: JSON's blanks, a valid document still
+
+    def cut(tree):
+        data = manifest(tree).read_bytes()
+        manifest(tree).write_bytes(data[: len(data) // 2])
+
+    def metadata_line(tree):
+        path = next(tree.glob("vllm-*.dist-info")) / "METADATA"
+        head, _, rest = path.read_text().partition("\n")
+        path.write_text(head + "\nSummary: " + "x" * (100 << 20) + "\n" + rest)
+
+    def metadata_lines(tree):
+        path = next(tree.glob("vllm-*.dist-info")) / "METADATA"
+        head = path.read_bytes().partition(b"\n\n")[0]
+        path.write_bytes(head + b"\nA:" * ((1 << 20) // 3 - len(head) // 3 - 1) + b"\n\n")
+
+    def record(tree):
+        pad(next(tree.glob("vllm-*.dist-info")) / "RECORD", 64 << 20)
+
+    return {
+        "none (an applied tree)": lambda tree: None,
+        "manifest padded to 60 MB": lambda tree: pad(manifest(tree), 60 << 20),
+        "manifest cut in half": cut,
+        "manifest nested 300,000 deep": lambda tree: manifest(tree).write_bytes(b"[" * 300_000),
+        "manifest of 512 KiB of empty objects": lambda tree: manifest(tree).write_bytes(
+            b"[" + b",".join([b"{}"] * ((512 << 10) // 3 - 1)) + b"]"
+        ),
+        "METADATA with a 100 MB line": metadata_line,
+        "METADATA of 1 MiB of header lines": metadata_lines,
+        "RECORD padded to 64 MB": record,
+        "lock held, its holder line 10 MB of escapes": lambda tree: (tree / ".patch-dsv4.lock").write_bytes(
+            b"pid 1 " + b"\x1b[31m" * (10 << 20 // 5) + b"\n"
+        ),
+    }
+
+
+def hostile(version: str, repeat: int, checkout: Path = ROOT) -> None:
+    """The guard's first call on each hostile tree of :func:`_damage_cases`, in fresh interpreters, with
+    ``checkout`` installed from its wheel (this one, or another to compare)."""
+    import fcntl
+    import shutil
+    import subprocess
+
+    from tests.releases import copy_tree, pristine_tree
+
+    work = Path(tempfile.mkdtemp(prefix="bench-guard-hostile-"))
+    try:
+        installed = _install(checkout, work / "installed")
+        results = {}
+        for n, (name, damage) in enumerate(_damage_cases().items()):
+            tree = copy_tree(pristine_tree(version), work / f"tree-{n}" / "site-packages")
+            _with(installed, "apply", "--site-packages", str(tree), "-q")
+            damage(tree)
+            lock = tree / ".patch-dsv4.lock"
+            held = open(lock, "rb") if lock.exists() else None
+            if held is not None:
+                fcntl.flock(held, fcntl.LOCK_EX)  # another process's hold: the guard only looks
+            runs = []
+            try:
+                for i in range(repeat + 1):
+                    env = {"PATCH_DSV4_GUARD": "strict", "PATH": "/usr/bin:/bin"}
+                    proc = subprocess.run(
+                        [sys.executable, "-I", "-c", HOSTILE, str(installed), str(tree)],
+                        capture_output=True,
+                        text=True,
+                        env=env,
+                    )
+                    lines = [line for line in proc.stdout.splitlines() if line.startswith(MARK)]
+                    if proc.returncode or not lines:
+                        raise SystemExit(f"{name}: the timing process failed:\n{proc.stderr[-2000:]}")
+                    if i:
+                        runs.append(ast.literal_eval(lines[-1][len(MARK) :]))
+            finally:
+                if held is not None:
+                    held.close()
+            results[name] = runs
+            shutil.rmtree(work / f"tree-{n}", ignore_errors=True)
+    finally:
+        import shutil
+
+        shutil.rmtree(work, ignore_errors=True)
+    print(
+        f"{checkout}: vLLM {version}, applied tree, damaged; the guard's first call (strict) in fresh interpreters "
+        "(Python "
+        f"{sys.version.split()[0]}, logging, json, hashlib, re, fcntl imported first, as in a vLLM process); "
+        f"the largest of {repeat}; load average {os.getloadavg()[0]:.1f} at the end"
+    )
+    print(f"{'what':46} {'check()':>9} {'memory added':>13}  targets 20 ms, 20 MB; what it said")
+    for name, runs in results.items():
+        worst_time = max(r["check"] for r in runs)
+        worst_memory = max(r["added"] for r in runs)
+        met = "ok" if worst_time <= 0.020 and worst_memory <= 20 << 20 else "OVER"
+        said = runs[-1]["said"].replace(str(Path(tempfile.gettempdir())), "TMP")
+        full = " (judged in full)" if any(r["full"] for r in runs) else ""
+        print(f"{name:46} {worst_time * 1000:6.1f} ms {worst_memory / (1 << 20):9.1f} MB  {met}{full}; {said[:150]}")
 
 
 PROBE_NAME = "patch_dsv4_bench_probe"
@@ -305,7 +463,7 @@ def timings(venv: RealVenv, label: str, repeat: int) -> dict:
         result = json.loads(lines[-1][len(MARK) :])
         if i:  # the first one warms the page cache and bytecode
             runs.append(result)
-    med = {key: statistics.median(r[key] for r in runs) for key in ("import_vllm", "import_guard", "check")}
+    med = {key: statistics.median(r[key] for r in runs) for key in ("import_vllm", "import_guard", "check", "cpu")}
     return {
         "label": label,
         "runs": runs,
@@ -383,7 +541,12 @@ def main() -> None:
     parser.add_argument("--against", type=Path, help="with --tree: another checkout, measured interleaved")
     parser.add_argument("--keep", type=Path, help="with --tree: prepare into this directory and leave it")
     parser.add_argument("--prepared", type=Path, help="with --tree: measure what --keep left (nothing is built)")
+    parser.add_argument("--hostile", action="store_true", help="hostile and unlucky files: time and memory added")
+    parser.add_argument("--checkout", type=Path, help="real venv, --hostile: install this checkout instead of this one")
     args = parser.parse_args()
+    if args.hostile:
+        hostile(args.version, args.repeat or 5, (args.checkout or ROOT).resolve())
+        return
     if args.tree:
         resolved = [p and p.resolve() for p in (args.against, args.keep, args.prepared)]
         cold_tree(args.version, args.repeat or 30, *resolved)
@@ -395,7 +558,7 @@ def main() -> None:
     args.repeat = args.repeat or 5
     started = time.monotonic()
     root = venvs.build(args.version)
-    venvs.install_this_project(root)
+    venvs.install_this_project(root, args.checkout or ROOT)
     venv = RealVenv(args.version, root)
     venv.ensure_pristine()
     results, seen, probe = [], [], []
@@ -406,8 +569,8 @@ def main() -> None:
             seen = callers(venv)
             remove(probe)
             probe = []
-        report = venv.cli("apply")
-        assert report["exit_code"] == 0, report
+        applied = venv.run([venv.bin("patch-dsv4"), "apply", "-q"])  # the installed checkout's: its patch digest
+        assert applied.rc == 0, applied.tail()
         results.append(timings(venv, "applied tree", args.repeat))
     finally:
         if probe:
@@ -415,19 +578,24 @@ def main() -> None:
         venv.ensure_pristine()
 
     print(f"\nvLLM {args.version} venv {root}; {args.repeat} fresh processes per tree (after one warm-up), medians")
-    print(f"{'tree':36} {'import vllm':>12} {'import guard':>12} {'check()':>12}  check/import vllm  full judgement")
+    print(f"load average {os.getloadavg()[0]:.1f} at the end; checkout {args.checkout or ROOT}")
+    print(
+        f"{'tree':36} {'import vllm':>12} {'import guard':>12} {'check()':>12} {'guard CPU':>12}  check/import vllm  "
+        "full judgement"
+    )
     for r in results:
         m = r["median"]
         print(
-            f"{r['label']:36} {ms(m['import_vllm'])} {ms(m['import_guard'])} {ms(m['check'])}  "
+            f"{r['label']:36} {ms(m['import_vllm'])} {ms(m['import_guard'])} {ms(m['check'])} {ms(m['cpu'])}  "
             f"{m['check'] / m['import_vllm']:16.2%}  {r['full']}/{len(r['runs'])}"
         )
         per_run = ", ".join(f"{x['check'] * 1000:.1f}" for x in r["runs"])
         print(f"{'':36} check() per run: {per_run} ms; reported: {', '.join(r['problems']) or 'nothing'}")
     applied = results[-1]["median"]["check"] + results[-1]["median"]["import_guard"]
+    cpu = results[-1]["median"]["cpu"]
     print(
-        f"target: guard (import + check) <= 10 ms per process on an applied tree: "
-        f"{'met' if applied <= 0.010 else 'NOT met'} ({applied * 1000:.1f} ms)"
+        f"target: guard (import + check) <= 5 ms per process on an applied tree: "
+        f"{'met' if applied <= 0.005 else 'NOT met'} ({applied * 1000:.1f} ms wall, {cpu * 1000:.1f} ms CPU)"
     )
     if seen:
         print("\nprocesses that called vllm.general_plugins (PATCH_DSV4_GUARD=warn, pending tree):")

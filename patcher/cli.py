@@ -51,10 +51,22 @@ def _fail(command: str | None, what: str, why: str, next_step: str, code: int, a
 # -- the fast paths: verify and doctor without Typer ---------------------------------------
 # Typer builds a pydantic adapter per option (a third of a second to import); the two commands
 # that run on every container start answer without it when their command line is this plain.
+# Each fast command's grammar: the options it reads a value of, the flags it reads, and the options it leaves to Typer
+# (their presence sends the command there). Together, every option of Typer's command: tests/test_fast_verify.py
+# holds the two grammars to each other, so that an option added to one and not the other fails it.
 _VALUES = {
     "verify": ("--site-packages", "--format", "--expect"),
     "doctor": ("--site-packages", "--python", "--pack", "--serve-args", "--format", "--hub-timeout"),
 }
+_COMMAND_FLAGS = {
+    "verify": ("--json", "-q", "--quiet", "-v", "--verbose"),
+    "doctor": ("--json", "-q", "--quiet", "-v", "--verbose", "--fix-config"),
+}
+LEFT_TO_TYPER = {
+    "verify": ("--python", "--with", "--lock-timeout", "-h", "--help"),
+    "doctor": ("-h", "--help"),
+}
+FORMATS = ("table", "json", "markdown")
 _FLAGS = {
     "--json": ("format", "json"),
     "-q": ("verbosity", -1),
@@ -76,12 +88,12 @@ def _plain_options(args: list[str], command: str) -> dict | None:
         name, eq, value = arg.partition("=")
         if name in _VALUES[command] and (eq or rest):
             options[name.lstrip("-").replace("-", "_")] = value if eq else rest.pop(0)
-        elif arg in _FLAGS and (arg != "--fix-config" or command == "doctor"):
+        elif arg in _COMMAND_FLAGS[command]:
             key, flag_value = _FLAGS[arg]
             options[key] = flag_value
         else:
             return None  # --help, an unknown option, a bad value: Typer says it properly
-    return options if options["format"] in ("table", "json", "markdown") else None
+    return options if options["format"] in FORMATS else None
 
 
 def _fast_verify(args: list[str]) -> int | None:
@@ -93,19 +105,28 @@ def _fast_verify(args: list[str]) -> int | None:
 
     site = options.get("site_packages")
     search = [site] if site is not None else [p for p in sys.path if p]
-    located = quick.locate(search)
-    if located is None or (site is not None and os.path.realpath(located.site_packages) != os.path.realpath(site)):
-        return None
-    from patch_dsv4.fastpath import serving
-
-    recorded = quick.vouched(located, serving.opt_ins_from_env())
-    if recorded is None:
-        return None  # not vouched for, or an opt-in asked for that the state does not keep: judged in full
+    try:
+        located = quick.locate(search)
+        if located is None:
+            return None
+        if site is not None and os.path.realpath(located.site_packages) != os.path.realpath(site):
+            return None
+        # the fingerprint where it is compared or shown (--expect, JSON, markdown, -v): a plain table has none,
+        # and imports the fingerprint's module only where PATCH_DSV4_WITH names opt-ins (serving.ENV_WITH)
+        shown = "expect" in options or options["format"] != "table" or options["verbosity"] > 0
+        serving = _serving() if shown or os.environ.get("PATCH_DSV4_WITH") else None
+        recorded = quick.vouched(located, serving.opt_ins_from_env() if serving else ())
+        if recorded is None:
+            return None  # not vouched for, or an opt-in asked for that the state does not keep: judged in full
+        served = serving.of_recorded(located, recorded) if shown else None
+    except quick.Unreadable:
+        return None  # a malformed state or dist-info: the full path says so, in the same words, with what to do
     from patch_dsv4.output.render import render, write_failure
+    from patch_dsv4.tree.hooks import find_hooks
 
     target_args = "" if site is None else f" --site-packages {quick.quote(site)}"
-    served = serving.of_recorded(located, recorded)
-    document = quick.recorded_document(located, recorded, target_args, served)  # a document: no typed report
+    hooks = find_hooks([site], [site]) if site is not None else find_hooks(search)
+    document = quick.recorded_document(located, recorded, target_args, served, hooks, fingerprint=shown)
     if "expect" in options:
         try:
             serving.write_differences(serving.expect(document, served, options["expect"]))
@@ -115,6 +136,12 @@ def _fast_verify(args: list[str]) -> int | None:
     if document["exit_code"]:  # stderr, so also beside --json
         write_failure(document)
     return document["exit_code"]
+
+
+def _serving():
+    from patch_dsv4.fastpath import serving
+
+    return serving
 
 
 def _fast_doctor(args: list[str]) -> int | None:

@@ -18,13 +18,16 @@ vLLM serves with it (:mod:`patch_dsv4.fastpath.serving`): a difference is report
 same way, naming what differs, so that no rank of a cluster serves other code
 than the others. The fingerprint is logged at DEBUG in every process.
 
-It is cheap (a few ms on an applied tree: it checks the files the state names
-by the stat keys apply recorded, and reads and hashes only those whose key no
-longer holds, or, with no state on a known build, the files anchors/ recorded;
-its first call in a cold interpreter, imports included, within 5 ms:
-bench/bench_guard.py --tree) and imports nothing heavy at module level, because an import error in a plugin is only
-logged by vLLM and would make the guard vanish. Only an unknown build pays a
-full judgement. A bug in the guard never stops vLLM in ``warn`` mode.
+It is cheap (a few ms on an applied tree: it reads and hashes every file the
+state names, or, with no state on a known build, the files anchors/ recorded:
+bench/bench_guard.py measures it in a vLLM process and in a bare interpreter)
+and imports nothing heavy at module level, because an import error in a plugin
+is only logged by vLLM and would make the guard vanish. Only an unknown build
+pays a full judgement. A state or a dist-info it cannot read (malformed,
+oversized, not a regular file) is said in one line, naming the file, read no
+further than its format needs (patch_dsv4.tree.installed): never a pass, and
+never a full judgement of it. A bug in the guard never stops vLLM in ``warn``
+mode.
 """
 
 import os
@@ -62,6 +65,8 @@ def check() -> None:
     if mode not in MODES:
         _logger().warning("patch-dsv4: %s=%r is not one of warn, strict, off; warning only", ENV, mode)
         mode = "warn"
+    from patch_dsv4.tree.installed import Unreadable
+
     try:
         writer = _writer()
         problems, fingerprint_of = ([], None) if writer else _judge()
@@ -69,6 +74,17 @@ def check() -> None:
         wanted = os.environ.get(EXPECT, "").strip() or _debugging()
         served = fingerprint_of() if wanted and fingerprint_of is not None else None
         differs = _differences(served)
+    except Unreadable as exc:  # a malformed state or dist-info: named, never judged around
+        message = (
+            f"patch-dsv4 cannot check this vLLM: {exc}; run patch-dsv4 status --python {sys.executable} "
+            f"(or set {ENV}=off)"
+        )
+        if mode == "strict":
+            raise PatchesNotInPlace(message) from None
+        if not _reported:
+            _reported = True
+            _logger().warning("%s", message)
+        return
     except Exception as exc:  # a bug or a broken environment: never a reason to stop vLLM in warn mode
         if mode == "strict":
             raise PatchesNotInPlace(f"patch-dsv4 could not check this vLLM ({type(exc).__name__}: {exc})") from exc

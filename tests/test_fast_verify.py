@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import io
+import os
 import subprocess
 import sys
 import textwrap
@@ -15,6 +16,9 @@ from patch_dsv4.fastpath import quick
 from patch_dsv4.output import render
 from patch_dsv4.output.verdicts import Report
 from patch_dsv4.patches.stream_load import VL_MODEL
+
+#: The file whose dtype gate dtype-policy judges upstream on 0.30.0: ``==`` for ``!=`` there makes it pending.
+O_PROJ = "vllm/models/deepseek_v4/nvidia/ops/o_proj.py"
 
 #: Never imported by verify on an applied tree: the typed model (dataclasses, whose import pulls inspect),
 #: typing, the full judgement and the libraries of the Typer app.
@@ -142,38 +146,28 @@ def test_the_patch_digest_covers_every_module_that_judges_in_every_folder(tmp_pa
     assert ast.literal_eval(run.stdout.strip()) == doctor
 
 
-# -- stat keys: apply records what it found each file to be; a key found again vouches for the sha256 ------------
+# -- no trust without reading: every file vouched for is read and hashed in this run ------------------------------
 def _hashed(monkeypatch) -> list[str]:
     """The files the fast path reads and hashes in this process, from now on (an absent one is not read)."""
     read: list[str] = []
-    real = quick._hash_file
+    real = quick.sha256_file
 
-    def hash_file(path):
-        found = real(path)
-        read.extend([path] if found[0] is not None else [])
+    def sha256_file(path, *args):
+        found = real(path, *args)
+        read.extend([path] if found is not None else [])
         return found
 
-    monkeypatch.setattr(quick, "_hash_file", hash_file)
+    monkeypatch.setattr(quick, "sha256_file", sha256_file)
     return read
 
 
-def _keyed(tree) -> list[str]:
-    """The files the fast path hashes on ``tree``'s state that are there (the ones apply can key)."""
+def _vouched_for(tree) -> list[str]:
+    """The files the fast path vouches for on ``tree``'s state that are there: every file the manifest says apply
+    wrote and judged from, and every file the release's record lists."""
+    manifest = quick.read_manifest(str(tree))
     record = quick.anchors_record(quick.locate([str(tree)]).vllm_version)
-    return [rel for rel in quick.keyed_files(quick.read_manifest(str(tree)), record) if (tree / rel).is_file()]
-
-
-def _rewrite_in_place(path, data: bytes) -> None:
-    """Write ``data`` into the file itself (same inode), then set its times back as they were: only ctime moves."""
-    import os
-
-    before = os.stat(path)
-    with open(path, "r+b") as fh:
-        fh.write(data)
-        fh.truncate()
-    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
-    after = os.stat(path)
-    assert (after.st_ino, after.st_size, after.st_mtime_ns) == (before.st_ino, before.st_size, before.st_mtime_ns)
+    found = set(manifest["files"]) | set(manifest["inputs"]) | set(record["files"])
+    return sorted(rel for rel in found if (tree / rel).is_file())
 
 
 def _one_byte_changed(data: bytes) -> bytes:
@@ -182,125 +176,161 @@ def _one_byte_changed(data: bytes) -> bytes:
     return data[:at] + (b"X" if data[at : at + 1] != b"X" else b"Y") + data[at + 1 :]
 
 
-def test_apply_keys_every_file_the_fast_path_hashes_and_verify_then_reads_none(make_tree, cli, monkeypatch):
+def _written_through_mmap(path, data: bytes) -> None:
+    """Write ``data`` (the same size) into the file through a shared mapping, then set its mtime back: what a
+    write through mmap may leave of its trace (on tmpfs, a page read first keeps even ctime where it was)."""
+    import mmap
+    import os
+
+    before = os.stat(path)
+    with open(path, "r+b") as fh, mmap.mmap(fh.fileno(), 0) as mapped:
+        assert len(mapped) == len(data)
+        _ = mapped[: len(data)]  # read first
+        mapped[:] = data
+        mapped.flush()
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    after = os.stat(path)
+    assert (after.st_ino, after.st_size, after.st_mtime_ns) == (before.st_ino, before.st_size, before.st_mtime_ns)
+
+
+def test_every_file_vouched_for_is_read_and_hashed_in_this_run(make_tree, cli, monkeypatch):
     tree = make_tree("0.30.0")
     assert cli("apply", "--site-packages", tree).code == 0
-    keys = quick.read_stat_keys(str(tree))
-    assert sorted(keys) == _keyed(tree) and len(keys) > 20
-    for rel, (key, sha) in keys.items():
-        assert (
-            key == quick.stat_key((tree / rel).stat())
-            and sha == quick.file_sha256()((tree / rel).read_bytes()).hexdigest()
-        )
-    read = _hashed(monkeypatch)
-    assert quick.recorded_verdicts(quick.locate([str(tree)])) is not None
-    assert read == []
-    result = cli("verify", "--site-packages", tree)
-    assert result.code == 0 and "hashes match the recorded state" in result.stdout and read == []
+    assert not (tree / ".patch-dsv4" / "stat-keys.json").exists()  # apply keeps no file attributes for them
+    for _ in range(2):  # and a second run reads them again: nothing is kept between runs
+        read = _hashed(monkeypatch)
+        assert quick.recorded_verdicts(quick.locate([str(tree)])) is not None
+        assert sorted(p[len(str(tree)) + 1 :] for p in read) == _vouched_for(tree)
+        assert len(read) > 20
 
 
-@pytest.mark.parametrize("change", ["same-bytes", "one-byte", "mtime-only"])
-def test_a_file_changed_in_place_keeping_size_and_mtime_is_read_again(change, make_tree, cli, monkeypatch):
-    """Right after apply, in place (same inode), the same size, the mtime set back: only ctime tells, and it does.
-    The same bytes again (or a touch) keep the verdict; another byte is caught, by the fast path and in full."""
-    tree = make_tree("0.30.0")
-    assert cli("apply", "--site-packages", tree).code == 0
-    path = tree / VL_MODEL
-    data = path.read_bytes()
-    if change == "mtime-only":
-        import os
+@pytest.mark.parametrize("where", ["tmpfs", "this file system"])
+def test_bytes_written_through_mmap_are_caught_whatever_the_file_attributes_say(where, make_tree, cli, tmp_path):
+    """The dtype gate inverted in place (``==`` for ``!=``, the same size) through a shared mapping, the mtime set
+    back: verify, --expect and the guard's fingerprint say so, as a full status does."""
+    import shutil
+    from pathlib import Path
 
-        st = os.stat(path)
-        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns - 10**9))
-        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    source = make_tree("0.30.0")
+    if where == "tmpfs":
+        shm = Path("/dev/shm")
+        if not shm.is_dir() or not os.access(shm, os.W_OK):
+            pytest.skip("no writable /dev/shm (tmpfs) here")
+        tree = Path(shutil.copytree(source, shm / f"patch-dsv4-{os.getpid()}" / "site-packages", symlinks=True))
     else:
-        _rewrite_in_place(path, data if change != "one-byte" else _one_byte_changed(data))
-    read = _hashed(monkeypatch)
-    recorded = quick.recorded_verdicts(quick.locate([str(tree)]))
-    assert read == [str(path)]  # that file alone is read: every other key still holds
-    result = cli("verify", "--site-packages", tree, "--json")
-    if change == "one-byte":
-        assert recorded is None
-        assert result.code == 1 and result.verdicts()["stream-load"] == "modified", result.stdout
-    else:
-        assert recorded is not None
-        assert result.code == 0 and "hashes match the recorded state" in result.json()["summary"]
+        tree = source
+    try:
+        assert cli("apply", "--site-packages", tree).code == 0
+        expected = cli("status", "--fingerprint", "--site-packages", tree).stdout.strip()
+        path = tree / O_PROJ
+        data = path.read_bytes()
+        _written_through_mmap(path, data.replace(b"dtype == torch.float8", b"dtype != torch.float8", 1))
+        assert quick.recorded_verdicts(quick.locate([str(tree)])) is None
+        verify = cli("verify", "--site-packages", tree, "--expect", expected, "--json")
+        assert verify.code == 1 and verify.verdicts()["dtype-policy"] == "pending", verify.stdout
+        assert cli("status", "--fingerprint", "--site-packages", tree).stdout.strip() != expected
+    finally:
+        if where == "tmpfs":
+            shutil.rmtree(tree.parent, ignore_errors=True)
 
 
-def test_a_copied_tree_is_hashed_and_judged_the_same(make_tree, cli, monkeypatch, tmp_path):
-    """Another inode for every file copied: the keys do not hold there, the files are read; the verdicts are the
-    same, and a one-byte edit in the copy (size and mtime kept) is caught."""
+def test_a_copied_tree_is_hashed_and_judged_the_same(make_tree, cli, tmp_path):
+    """Another inode for every file copied: the verdicts are the same; a one-byte edit in the copy (size and mtime
+    kept) is caught."""
     import shutil
 
     tree = make_tree("0.30.0")
     assert cli("apply", "--site-packages", tree).code == 0
     copy = shutil.copytree(tree, tmp_path / "copy" / "site-packages", symlinks=True)  # cp -a: times kept
-    read = _hashed(monkeypatch)
     here, there = (quick.recorded_verdicts(quick.locate([str(t)])) for t in (tree, copy))
     assert here is not None and there is not None and here.verdicts == there.verdicts and here.files == there.files
-    assert str(copy / VL_MODEL) in read and not any(p.startswith(str(tree)) for p in read)
     assert cli("verify", "--site-packages", copy).code == 0
-    _rewrite_in_place(copy / VL_MODEL, _one_byte_changed((copy / VL_MODEL).read_bytes()))
+    _written_through_mmap(copy / VL_MODEL, _one_byte_changed((copy / VL_MODEL).read_bytes()))
     assert quick.recorded_verdicts(quick.locate([str(copy)])) is None
     assert cli("verify", "--site-packages", copy, "--json").verdicts()["stream-load"] == "modified"
 
 
-@pytest.mark.parametrize("keys", ["none", "unreadable", "another-format", "a-bad-entry"])
-def test_a_state_without_usable_stat_keys_has_every_file_hashed(keys, make_tree, cli, monkeypatch):
-    """A state written before stat keys (none), or keys this version cannot read: every file is read, the
-    verdicts are the same, and a one-byte edit is caught; an entry that is not what apply writes is passed over."""
+@pytest.mark.parametrize("keys", ["forged", "cut", "not-json", "a-fifo"])
+def test_an_old_stat_keys_file_is_never_read_and_apply_removes_it(keys, make_tree, cli):
+    """Older versions kept stat-keys.json (file attributes standing for sha256s). Forged to vouch for other bytes,
+    cut in half, not JSON or a FIFO: none of it is read (the other bytes are caught), and a no-op apply removes it."""
     import json
 
     tree = make_tree("0.30.0")
     assert cli("apply", "--site-packages", tree).code == 0
-    sidecar = tree / ".patch-dsv4" / quick.STAT_KEYS
-    document = json.loads(sidecar.read_text())
-    if keys == "none":
-        sidecar.unlink()
-    elif keys == "unreadable":
-        sidecar.write_text("{not json")
-    elif keys == "another-format":
-        sidecar.write_text(json.dumps({**document, "format": quick.STAT_KEYS_FORMAT + 1}))
-    else:
-        for entry in document["files"].values():
-            entry[4] = float(entry[4])  # a ctime read back as a float: no longer exact
-        sidecar.write_text(json.dumps(document))
-    assert quick.read_stat_keys(str(tree)) == {}
-    read = _hashed(monkeypatch)
-    assert quick.recorded_verdicts(quick.locate([str(tree)])) is not None
-    assert sorted(p[len(str(tree)) + 1 :] for p in read) == _keyed(tree)
-    assert cli("verify", "--site-packages", tree).code == 0
-    _rewrite_in_place(tree / VL_MODEL, _one_byte_changed((tree / VL_MODEL).read_bytes()))
-    assert cli("verify", "--site-packages", tree, "--json").verdicts()["stream-load"] == "modified"
-
-
-def test_only_a_file_settled_before_the_reference_stamp_is_keyed(tmp_path):
-    """stat_keys keys a file only if its last change lies SETTLED_NS before the reference (a time stamp of the
-    same file system taken before the file is read), on the reference's device, and unchanged while read."""
-    import os
-    import types
-
-    (tmp_path / "vllm").mkdir()
-    path = tmp_path / "vllm" / "x.py"
-    path.write_text("x = 1\n")
+    expected = cli("status", "--fingerprint", "--site-packages", tree).stdout.strip()
+    path = tree / O_PROJ
+    path.write_bytes(path.read_bytes().replace(b"dtype == torch.float8", b"dtype != torch.float8", 1))
+    sidecar = tree / ".patch-dsv4" / "stat-keys.json"
     st = os.stat(path)
-    sha = quick.file_sha256()(b"x = 1\n").hexdigest()
+    forged = {"format": 1, "files": {O_PROJ: [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, "0"]}}
+    if keys == "a-fifo":
+        os.mkfifo(sidecar)
+    else:
+        text = json.dumps(forged)
+        sidecar.write_text({"forged": text, "cut": text[: len(text) // 2], "not-json": "{not json"}[keys])
+    verify = cli("verify", "--site-packages", tree, "--expect", expected, "--json")
+    assert verify.code == 1 and verify.verdicts()["dtype-policy"] == "pending"
+    assert any(O_PROJ in note for note in verify.json()["notes"])
+    path.write_bytes(path.read_bytes().replace(b"dtype != torch.float8", b"dtype == torch.float8", 1))
+    noop = cli("apply", "--site-packages", tree)
+    assert noop.code == 0 and "nothing to do" in noop.stdout
+    assert not os.path.lexists(sidecar)
 
-    def reference(ctime_ns, dev=st.st_dev):
-        return types.SimpleNamespace(st_dev=dev, st_ctime_ns=ctime_ns)
 
-    keyed = quick.stat_keys(
-        str(tmp_path), ["vllm/x.py", "vllm/absent.py"], reference(st.st_ctime_ns + quick.SETTLED_NS)
-    )
-    assert keyed == {"vllm/x.py": [*quick.stat_key(st), sha]}
-    assert quick.stat_keys(str(tmp_path), ["vllm/x.py"], reference(st.st_ctime_ns + quick.SETTLED_NS - 1)) == {}
-    assert quick.stat_keys(str(tmp_path), ["vllm/x.py"], reference(st.st_ctime_ns)) == {}
-    assert quick.stat_keys(str(tmp_path), ["vllm/x.py"], reference(st.st_ctime_ns + 10**12, st.st_dev + 1)) == {}
-
-
-def test_revert_removes_the_stat_keys_with_the_state(make_tree, cli):
+def test_revert_leaves_no_state(make_tree, cli):
     tree = make_tree("0.30.0")
     assert cli("apply", "--site-packages", tree).code == 0
-    assert (tree / ".patch-dsv4" / quick.STAT_KEYS).is_file()
+    (tree / ".patch-dsv4" / "stat-keys.json").write_text("{}")  # an older version's
     assert cli("revert", "--site-packages", tree).code == 0
     assert not (tree / ".patch-dsv4").exists()
+
+
+# -- the fast grammar and Typer's ---------------------------------------------------------------------------------
+def _typer_options(command: str) -> dict[str, bool]:
+    """Every option of Typer's ``command`` (each spelling), and whether it is a flag."""
+    import click
+    import typer
+
+    from patch_dsv4.app import app
+
+    group = typer.main.get_command(app)
+    sub = group.commands[command]
+    parent = click.Context(group, **group.context_settings)  # where -h is added to every command
+    found = dict.fromkeys(sub.get_help_option_names(click.Context(sub, parent=parent, **sub.context_settings)), True)
+    for param in sub.params:
+        for name in (*param.opts, *param.secondary_opts):
+            if name.startswith("-"):
+                found[name] = bool(getattr(param, "is_flag", False))
+    return found
+
+
+@pytest.mark.parametrize("command", ["verify", "doctor"])
+def test_the_fast_grammar_is_typers(command):
+    """Each option the fast path reads is one of Typer's, a value where Typer takes a value and a flag where Typer
+    takes a flag; each of Typer's options is read by the fast path or listed as left to Typer; --format's choices are
+    Typer's. An option added to one command line and not the other fails here."""
+    from patch_dsv4 import cli
+    from patch_dsv4.app import Format
+
+    typer_options = _typer_options(command)
+    values, flags, left = cli._VALUES[command], cli._COMMAND_FLAGS[command], cli.LEFT_TO_TYPER[command]
+    assert not set(values) & set(flags) and not (set(values) | set(flags)) & set(left)
+    assert set(values) | set(flags) | set(left) == set(typer_options)
+    assert all(not typer_options[name] for name in values), "a fast value is a flag of Typer's"
+    assert all(typer_options[name] for name in flags), "a fast flag takes a value in Typer"
+    assert all(name in cli._FLAGS for name in flags)
+    assert set(cli.FORMATS) == {f.value for f in Format}
+
+
+def test_an_option_left_to_typer_is_answered_by_typer(make_tree, cli):
+    """--with, --lock-timeout and --python are not read by the fast path: verify takes Typer's path with them and
+    answers the same."""
+    from patch_dsv4 import cli as entry
+
+    tree = make_tree("0.30.0")
+    assert cli("apply", "--site-packages", tree).code == 0
+    assert entry._plain_options(["verify", "--site-packages", str(tree)], "verify") is not None
+    for extra in (["--lock-timeout", "5"], ["--with", "aux-streams"]):
+        assert entry._plain_options(["verify", "--site-packages", str(tree), *extra], "verify") is None
+    assert cli("verify", "--site-packages", tree, "--lock-timeout", "5").code == 0

@@ -2,14 +2,16 @@
 marked by status, refused by apply, takeover and revert in the plan (exit 1, nothing written), and reported by
 verify and the guard.
 
-The mount table is read from ``patch_dsv4.tree.mounts.MOUNTINFO``: the tests point it at a fixture file that lists a
+The mount table is read from ``patch_dsv4.tree.installed.MOUNTINFO``: the tests point it at a fixture file that lists a
 file of a real release tree as a mount point, so they need no mount; one test makes a real bind mount, and skips
 alone where this machine does not let it.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -17,8 +19,9 @@ import pytest
 
 from patch_dsv4 import guard
 from patch_dsv4.patches.stream_load import VL_MODEL
-from patch_dsv4.tree import mounts
+from patch_dsv4.tree import installed, mounts
 from tests.conftest import ROOT
+from tests.errors import error_lines
 from tests.releases import content_snapshot
 
 OVERLAY = "another tool's overlay; patch the image it comes from"
@@ -44,7 +47,7 @@ def mounted_over(tmp_path, monkeypatch):
     def mount(file, root: str) -> None:
         table = tmp_path / "mountinfo"
         table.write_text(TABLE.format(root=_escaped(root), point=_escaped(os.path.realpath(file))))
-        monkeypatch.setattr(mounts, "MOUNTINFO", str(table))
+        monkeypatch.setattr(installed, "MOUNTINFO", str(table))
 
     return mount
 
@@ -75,7 +78,7 @@ def test_status_names_the_mounted_file_and_apply_refuses_it_writing_nothing(make
     for command in (["apply"], ["apply", "--force"], ["takeover"], ["apply", "--dry-run"]):
         refused = cli(*command, "--site-packages", tree)
         assert refused.code == 1, (command, refused.stderr)
-        assert refused.stderr.splitlines()[0] == f"patch-dsv4: error: cannot patch {VL_MODEL}: {reason}", command
+        assert error_lines(refused.stderr)[0] == f"patch-dsv4: error: cannot patch {VL_MODEL}: {reason}", command
         assert content_snapshot(tree) == before and not (tree / ".patch-dsv4").exists(), command
     document = cli("apply", "--site-packages", tree, "--json").json()
     assert document["exit_code"] == 1 and document["error"] == f"cannot patch {VL_MODEL}: {reason}"
@@ -95,7 +98,7 @@ def test_revert_refuses_a_patched_file_mounted_over_and_verify_reports_it(make_t
     before = content_snapshot(tree)
     refused = cli("revert", "--site-packages", tree)
     assert refused.code == 1
-    assert refused.stderr.splitlines()[0] == (
+    assert error_lines(refused.stderr)[0] == (
         f"patch-dsv4: error: cannot revert {VL_MODEL}: bind-mounted over site-packages from /kit/vl_model.py: {OVERLAY}"
     )
     assert content_snapshot(tree) == before and (tree / ".patch-dsv4" / "manifest.json").exists()
@@ -115,7 +118,7 @@ def test_the_guard_says_apply_cannot_write_the_mounted_file(make_tree, running, 
 
 def test_a_tree_without_mounts_reads_none(make_tree, cli, monkeypatch, tmp_path):
     tree = make_tree("0.30.0")
-    monkeypatch.setattr(mounts, "MOUNTINFO", str(tmp_path / "absent"))  # no table (no /proc): nothing is mounted
+    monkeypatch.setattr(installed, "MOUNTINFO", str(tmp_path / "absent"))  # no table (no /proc): nothing is mounted
     assert mounts.unreplaceable(str(tree), [VL_MODEL]) == {}
     assert cli("status", "--site-packages", tree, "--json").json()["notes"] == []
 
@@ -141,11 +144,12 @@ def test_a_real_bind_mount_is_refused_before_anything_is_written(make_tree, tmp_
             cwd=ROOT,
         )
         assert run.returncode == 1, run.stderr
-        # longer than one log line (200 characters): what, then why, each on a line of its own
-        assert run.stderr.splitlines() == [
-            f"patch-dsv4: error: cannot patch {VL_MODEL}",
-            f"patch-dsv4: why: bind-mounted over site-packages from {os.path.realpath(kit / 'vl_model.py')}: {OVERLAY}",
+        # what, then why, each on lines of its own within 80 columns (a path longer than a line stands whole)
+        source = os.path.realpath(kit / "vl_model.py")
+        assert error_lines(run.stderr) == [
+            f"patch-dsv4: error: cannot patch {VL_MODEL}: bind-mounted over site-packages from {source}: {OVERLAY}"
         ]
+        assert run.stderr.splitlines()[0] == f"patch-dsv4: error: cannot patch {VL_MODEL}"
         assert content_snapshot(tree) == before and not (tree / ".patch-dsv4").exists()
     finally:
         subprocess.run(["umount", str(tree / VL_MODEL)], check=True)
@@ -155,5 +159,132 @@ def test_the_readme_shows_the_refusal_as_apply_prints_it(make_tree, cli, mounted
     tree = make_tree("0.30.0")
     mounted_over(tree / VL_MODEL, "/opt/kit/vl_model.py")
     readme = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
-    shown = readme[readme.index("      $ patch-dsv4 apply") + 1].strip()
-    assert cli("apply", "--site-packages", tree).stderr.splitlines() == [shown]
+    start = readme.index("      $ patch-dsv4 apply") + 1
+    shown = [line.strip() for line in readme[start : start + 4] if line.strip().startswith("patch-dsv4:")]
+    assert cli("apply", "--site-packages", tree).stderr.splitlines() == shown
+
+
+# -- a directory above a file, any kind of mount, the whole table ---------------------------------------------------
+COMMON = "vllm/models/deepseek_v4/common"
+
+
+def test_a_directory_mounted_over_site_packages_is_named_and_refused(make_tree, cli, tmp_path, monkeypatch):
+    """A kit's directory bind-mounted over vllm/models/deepseek_v4/common: every file we would write below it is
+    another tool's. status names it, apply refuses before writing (and revert, after an apply made before the
+    mount), with the mount's source."""
+    tree = make_tree("0.30.0")
+    assert cli("apply", "--site-packages", tree).code == 0
+    table = tmp_path / "mountinfo"
+    table.write_text(TABLE.format(root="/kits/dsv4/common", point=_escaped(os.path.realpath(tree / COMMON))))
+    monkeypatch.setattr(installed, "MOUNTINFO", str(table))
+    reason = f"{COMMON}/ is mounted over site-packages (ext4 from /kits/dsv4/common): {OVERLAY}"
+    status = cli("status", "--site-packages", tree, "--json").json()
+    assert f"{VL_MODEL}: {reason}" in status["notes"]
+    before = content_snapshot(tree)
+    refused = cli("revert", "--site-packages", tree)
+    assert refused.code == 1 and refused.stderr.splitlines()[0] == f"patch-dsv4: error: cannot revert {VL_MODEL}"
+    assert error_lines(refused.stderr) == [f"patch-dsv4: error: cannot revert {VL_MODEL}: {reason}"]
+    assert content_snapshot(tree) == before
+    verify = cli("verify", "--site-packages", tree, "--json").json()  # our bytes are there; the mount is named
+    assert verify["exit_code"] == 0 and f"{VL_MODEL}: {reason}" in verify["notes"]
+
+
+def test_a_mount_a_later_mount_above_it_hides_is_not_one_we_write_into(make_tree, cli, tmp_path, monkeypatch):
+    """Mounted over common/ first, then site-packages itself mounted again (a new image layer): the first mount
+    is hidden, the files are on site-packages' own mount, nothing is named."""
+    tree = make_tree("0.30.0")
+    site = os.path.realpath(tree)
+    table = tmp_path / "mountinfo"
+    table.write_text(
+        TABLE.format(root="/kits/dsv4/common", point=_escaped(os.path.realpath(tree / COMMON)))
+        + f"46 22 254:0 /images/site {_escaped(site)} rw,relatime - ext4 /dev/vda rw\n"
+    )
+    monkeypatch.setattr(installed, "MOUNTINFO", str(table))
+    found = mounts.mount_of(os.path.realpath(tree / VL_MODEL), mounts.read_mounts())
+    assert (found.mount_id, found.mount_point) == (46, site)
+    assert cli("status", "--site-packages", tree, "--json").json()["notes"] == []
+
+
+def test_the_whole_mount_table_is_read_however_long(make_tree, cli, tmp_path, monkeypatch):
+    """A table of 12 MiB (60,000 mounts elsewhere) with the kit's mount last: read to its end, the mount named."""
+    tree = make_tree("0.30.0")
+    filler = "".join(
+        f"{100 + n} 22 0:{n} / /srv/volume-{n:06d} rw - tmpfs tmpfs rw,size={'x' * 160}\n" for n in range(60_000)
+    )
+    table = tmp_path / "mountinfo"
+    table.write_text(TABLE.format(root="/kit/vl_model.py", point=_escaped(os.path.realpath(tree / "x"))) + filler)
+    with open(table, "a") as fh:
+        fh.write(
+            f"99999 22 254:0 /kit/vl_model.py {_escaped(os.path.realpath(tree / VL_MODEL))} rw - ext4 /dev/vda rw\n"
+        )
+    assert table.stat().st_size > 12 << 20
+    monkeypatch.setattr(installed, "MOUNTINFO", str(table))
+    notes = cli("status", "--site-packages", tree, "--json").json()["notes"]
+    assert notes == [f"{VL_MODEL}: bind-mounted over site-packages from /kit/vl_model.py: {OVERLAY}"]
+
+
+def _in_a_mount_namespace(script: str, tree, tmp_path) -> subprocess.CompletedProcess:
+    """``script`` (sh) in a mount namespace of its own (``unshare -m``): its mounts vanish with it. ``$PD`` runs
+    patch-dsv4 from this checkout, ``$T`` is the tree. Skips where this machine does not allow it."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("mount namespaces need root and unshare(1)")
+    probe = subprocess.run(["unshare", "-m", "--propagation", "private", "true"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.skip(f"mount namespaces are not allowed here: {probe.stderr.strip()}")
+    env = {**os.environ, "PD": f"{sys.executable} -m patch_dsv4", "T": str(tree), "K": str(tmp_path)}
+    return subprocess.run(
+        ["unshare", "-m", "--propagation", "private", "sh", "-c", script],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+    )
+
+
+@pytest.mark.parametrize("kind", ["tmpfs", "bind", "overlay"])
+def test_a_real_mount_over_a_directory_is_refused_before_anything_is_written(kind, make_tree, tmp_path):
+    """The real thing, in a mount namespace: a tmpfs, a bind mount or an overlay over common/, holding a copy of its
+    files. status names it with the mount's source; apply refuses, writing nothing there or in the tree."""
+    import shutil as sh
+
+    tree = make_tree("0.30.0")
+    sh.copytree(tree / COMMON, tmp_path / "kit")
+    mount = {
+        "tmpfs": 'mount -t tmpfs kit-tmpfs "$T/' + COMMON + '" && cp -a "$K/kit/." "$T/' + COMMON + '/"',
+        "bind": 'mount --bind "$K/kit" "$T/' + COMMON + '"',
+        "overlay": 'mkdir -p "$K/up" "$K/work" && mount -t overlay kit-overlay -o lowerdir="$K/kit",upperdir="$K/up",'
+        'workdir="$K/work" "$T/' + COMMON + '"',
+    }[kind]
+    script = (
+        mount
+        + ' && $PD status --site-packages "$T" --json > "$K/status.json"; $PD apply --site-packages "$T" 2> "$K/err";'
+        ' echo $? > "$K/rc"; sha256sum "$T/' + COMMON + '/vl_model.py" > "$K/sum"'
+    )
+    before = content_snapshot(tree)
+    ran = _in_a_mount_namespace(script, tree, tmp_path)
+    if ran.returncode != 0 or not (tmp_path / "rc").exists():
+        pytest.skip(f"a {kind} mount is not allowed here: {ran.stderr.strip()[-300:]}")
+    origin = {"tmpfs": "kit-tmpfs", "bind": str(tmp_path / "kit"), "overlay": "kit-overlay"}[kind]
+    status = json.loads((tmp_path / "status.json").read_text())
+    (note,) = [n for n in status["notes"] if n.startswith(VL_MODEL)]
+    assert f"{COMMON}/ is mounted over site-packages (" in note and origin in note, note
+    assert (tmp_path / "rc").read_text().strip() == "1"
+    assert (tmp_path / "err").read_text().splitlines()[0] == f"patch-dsv4: error: cannot patch {VL_MODEL}"
+    pristine = (tmp_path / "kit" / "vl_model.py").read_bytes()
+    assert (tmp_path / "sum").read_text().split()[0] == __import__("hashlib").sha256(pristine).hexdigest()
+    assert content_snapshot(tree) == before and not (tree / ".patch-dsv4").exists()
+
+
+def test_a_state_directory_mounted_from_elsewhere_is_refused(make_tree, tmp_path):
+    tree = make_tree("0.30.0")
+    (tmp_path / "elsewhere").mkdir()
+    script = (
+        'mkdir "$T/.patch-dsv4" && mount --bind "$K/elsewhere" "$T/.patch-dsv4"'
+        ' && $PD apply --site-packages "$T" 2> "$K/err"; echo $? > "$K/rc"'
+    )
+    ran = _in_a_mount_namespace(script, tree, tmp_path)
+    if ran.returncode != 0 or not (tmp_path / "rc").exists():
+        pytest.skip(f"a bind mount is not allowed here: {ran.stderr.strip()[-300:]}")
+    assert (tmp_path / "rc").read_text().strip() == "1"
+    assert (tmp_path / "err").read_text().splitlines()[0].startswith("patch-dsv4: error: cannot patch .patch-dsv4")
+    assert list((tmp_path / "elsewhere").iterdir()) == []

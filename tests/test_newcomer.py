@@ -136,7 +136,7 @@ def test_an_apply_interrupted_after_its_commit_says_it_completed(make_tree, cli,
     def interrupt(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(transaction, "record_stat_keys", interrupt)  # the manifest is saved: the apply is whole
+    monkeypatch.setattr(transaction, "Committed", interrupt)  # the manifest is saved: the apply is whole
     result = cli("apply", "--site-packages", tree)
     monkeypatch.undo()
     assert result.code == 130 and result.stdout == ""

@@ -230,12 +230,18 @@ def test_the_guard_says_patch_dsv4_expect_is_no_fingerprint(make_tree, cli, runn
         guard.check()
 
 
-def test_verbose_text_shows_the_fingerprint_whole_on_a_line_of_its_own(make_tree, cli):
+def test_verbose_text_shows_the_fingerprint_within_80_columns_and_names_where_it_is_whole(make_tree, cli):
+    """-v shows the fingerprint's head on a line of its own (within 80 columns) and says that status
+    --fingerprint prints it whole; the head is the whole one's, before and after apply."""
     tree = make_tree("0.30.0")
     fp = _fingerprint(cli, tree)
     applied = cli("apply", "--site-packages", tree, "-v")
     after = _fingerprint(cli, tree)
-    for result, expected in ((cli("status", "--site-packages", tree, "-v"), after), (applied, after)):
-        assert f"        {expected}" in result.stdout.splitlines(), result.stdout
-    assert f"        {after}" in cli("verify", "--site-packages", tree, "-v").stdout.splitlines()
-    assert fp not in cli("status", "--site-packages", tree).stdout  # only with -v
+    assert after != fp
+    for result in (cli("status", "--site-packages", tree, "-v"), applied, cli("verify", "--site-packages", tree, "-v")):
+        lines = result.stdout.splitlines()
+        (head,) = [line.strip() for line in lines if line.strip().startswith("dsv4:")]
+        assert head.endswith("...") and after.startswith(head.removesuffix("...")) and len(head) > 40, head
+        assert any("status --fingerprint prints it whole" in line for line in lines)
+        assert all(len(line) <= 80 for line in lines), result.stdout
+    assert fp[:40] not in cli("status", "--site-packages", tree).stdout  # only with -v

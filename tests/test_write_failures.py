@@ -20,7 +20,6 @@ from pathlib import Path
 
 import pytest
 
-from patch_dsv4.patches.stream_load import VL_MODEL
 from patch_dsv4.patches.wide_swa import FLASHINFER_SPARSE
 from patch_dsv4.tree.fs import inject_faults
 from tests.conftest import ROOT, run_cli
@@ -35,7 +34,7 @@ def _state(tree: Path) -> dict[str, str]:
     return {
         str(p.relative_to(tree)): hashlib.sha256(p.read_bytes()).hexdigest()
         for p in sorted(state.rglob("*"))
-        if p.is_file() and p.name != "stat-keys.json"  # a cache of stat keys: new inodes and ctimes on every write
+        if p.is_file()
     }
 
 
@@ -198,33 +197,34 @@ def _mount(*args: str) -> bool:
 
 
 def test_read_only_mount_is_refused_before_anything_changes(make_tree):
+    """site-packages' own file system read-only (a mount of another one below it is another tool's: test_mounts)."""
     _root_only()
     tree = make_tree("0.30.0")
-    nvidia = (tree / FLASHINFER_SPARSE).parent
-    if not _mount("--bind", str(nvidia), str(nvidia)):
+    if not _mount("--bind", str(tree), str(tree)):
         pytest.skip("bind mounts are not allowed here")
     try:
-        assert _mount("-o", "remount,bind,ro", str(nvidia))
+        assert _mount("-o", "remount,bind,ro", str(tree))
         original = content_snapshot(tree)
         result = run_cli("apply", "--site-packages", tree)
         _unchanged(tree, original, result)
         assert "Read-only file system" in _one_line(result)
     finally:
-        subprocess.run(["umount", str(nvidia)], check=True)
+        subprocess.run(["umount", str(tree)], check=True)
 
 
 def test_full_disk_is_refused_before_anything_changes(make_tree):
+    """site-packages' own file system full (a tmpfs of its own, with the tree copied in)."""
     _root_only()
     tree = make_tree("0.30.0")
-    common = (tree / VL_MODEL).parent
-    saved = Path(tempfile.mkdtemp()) / "common"
-    shutil.copytree(common, saved, symlinks=True)
-    if not _mount("-t", "tmpfs", "-o", "size=2m", "tmpfs", str(common)):
+    saved = Path(tempfile.mkdtemp()) / "site-packages"
+    shutil.copytree(tree, saved, symlinks=True)
+    used = sum(p.lstat().st_size for p in saved.rglob("*") if not p.is_symlink() and p.is_file())
+    if not _mount("-t", "tmpfs", "-o", f"size={used + (used >> 2) + (16 << 20)}", "tmpfs", str(tree)):
         pytest.skip("tmpfs mounts are not allowed here")
     try:
-        shutil.copytree(saved, common, symlinks=True, dirs_exist_ok=True)
-        free = shutil.disk_usage(common).free
-        with open(common / "filler", "wb") as fh:  # leave less room than the patched file needs
+        shutil.copytree(saved, tree, symlinks=True, dirs_exist_ok=True)
+        free = shutil.disk_usage(tree).free
+        with open(tree / "filler", "wb") as fh:  # leave less room than the patched file needs
             fh.write(b"\0" * max(0, free - 8192))
         original = content_snapshot(tree)
         result = run_cli("apply", "--site-packages", tree)
@@ -233,7 +233,7 @@ def test_full_disk_is_refused_before_anything_changes(make_tree):
         assert content_snapshot(tree) == original
         assert not (tree / ".patch-dsv4").exists() and not _leftovers(tree)
     finally:
-        subprocess.run(["umount", str(common)], check=True)
+        subprocess.run(["umount", str(tree)], check=True)
         shutil.rmtree(saved.parent)
 
 

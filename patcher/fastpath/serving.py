@@ -24,25 +24,16 @@ sha256). A node that knows its own parts matches them against another's
 tokens, so it can name the patch or the file that differs.
 
 Imported by verify's fast path and by the serve guard: plain classes, no
-dataclasses or typing, not even json (:func:`dumps` writes the canonical
-text as json.dumps does), and nothing of verify's fast path (patch_dsv4.fastpath.quick
-imports this module, when it has a fingerprint to make).
+dataclasses or typing, and nothing of verify's fast path (patch_dsv4.fastpath.quick
+imports this module, when it has a fingerprint to make). Files are read with
+:mod:`patch_dsv4.tree.installed`, hashed with hashlib, and the canonical text
+written with json.
 """
 
 import os
 import sys
 
-# The interpreter's own SHA-256: what is hashed here is short (texts, and vLLM's METADATA and WHEEL), and OpenSSL's
-# library (_hashlib) takes a cold interpreter about 3 ms to load (patch_dsv4.fastpath.quick loads it to read files).
-try:  # by name: a module looked for and not found costs a search of every sys.path entry
-    if "_hashlib" in sys.modules:  # OpenSSL's, loaded already (vLLM has, before it calls its plugins)
-        from _hashlib import openssl_sha256 as sha256
-    elif sys.version_info >= (3, 12):
-        from _sha2 import sha256
-    else:
-        from _sha256 import sha256
-except ImportError:  # an interpreter built without its own hashes
-    from hashlib import sha256
+from patch_dsv4.tree.installed import METADATA_LIMIT, WHEEL_LIMIT, read_file
 
 FORMAT = 1
 PREFIX = "dsv4"
@@ -54,32 +45,17 @@ _HEAD = 12
 VERDICTS = ("applied", "pending", "upstream", "not-applicable", "drifted", "modified", "opt-in", "foreign")
 
 
-# json.dumps without the json package (1 ms for a cold interpreter): json.encoder's C string escaping.
+def sha256(data: bytes = b""):
+    import hashlib
+
+    return hashlib.sha256(data)
+
+
 def dumps(value) -> str:
-    """json.dumps(value, sort_keys=True, separators=(",", ":")) for str, int, bool, None, lists, tuples and dicts with
-    str keys (TypeError for anything else)."""
-    try:
-        from _json import encode_basestring_ascii as quote_string
-    except ImportError:
-        import json
+    """The canonical JSON text of ``value``: sorted keys, no blanks (what HEAD hashes)."""
+    import json
 
-        return json.dumps(value, sort_keys=True, separators=(",", ":"))
-    return _dumps(value, quote_string)
-
-
-def _dumps(value, quote_string) -> str:
-    if isinstance(value, str):
-        return quote_string(value)
-    if value is None or isinstance(value, bool):
-        return {None: "null", True: "true", False: "false"}[value]
-    if isinstance(value, int):
-        return int.__repr__(value)
-    if isinstance(value, (list, tuple)):
-        return "[" + ",".join(_dumps(item, quote_string) for item in value) + "]"
-    if isinstance(value, dict) and all(isinstance(key, str) for key in value):
-        items = sorted(value.items())
-        return "{" + ",".join(quote_string(k) + ":" + _dumps(v, quote_string) for k, v in items) + "}"
-    raise TypeError(f"{type(value).__name__} is not written by patch_dsv4.fastpath.serving.dumps")
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
 class BadFingerprint(ValueError):
@@ -108,18 +84,22 @@ def _shown_version(version: str | None) -> str:
     return "".join(c if c.isalnum() or c in ".+!" else "." for c in version)
 
 
-def build_identity(dist_info: str | None) -> str | None:
+def build_identity(dist_info: str | None, metadata: bytes | None = None) -> str | None:
     """The sha256 of vLLM's METADATA and WHEEL as pip installed them (copied from the wheel, the same on every
-    install of one build); None when the dist-info directory is unknown or they cannot be read."""
+    install of one build); None when the dist-info directory is unknown. ``metadata``: METADATA's bytes where they
+    were read already. A file that is absent counts as empty; one that is not a regular file, or larger than its
+    format needs, is Unreadable (patch_dsv4.tree.installed): read whole, or not at all."""
     if not dist_info:
         return None
     digest = sha256()
-    for name in ("METADATA", "WHEEL"):
-        try:
-            with open(os.path.join(dist_info, name), "rb") as fh:
-                data = fh.read(4 << 20)
-        except OSError:
-            data = b""
+    for name, limit in (("METADATA", METADATA_LIMIT), ("WHEEL", WHEEL_LIMIT)):
+        data = metadata if name == "METADATA" and metadata is not None else None
+        if data is None:
+            shown = f"{os.path.basename(dist_info)}/{name}"
+            try:
+                data = read_file(os.path.join(dist_info, name), limit, f"a {name}", shown)
+            except FileNotFoundError:
+                data = b""
         digest.update(name.encode() + b"\0" + sha256(data).digest())
     return digest.hexdigest()
 
@@ -300,8 +280,8 @@ def unknown_opt_ins(asked, known_opt_ins) -> list[str]:
 
 # -- the fingerprint of a tree, from what a command judged ---------------------------------
 def dist_info_of(env) -> str | None:
-    """The dist-info directory of an Environment's vLLM (importlib.metadata's PathDistribution keeps it)."""
-    path = getattr(getattr(env.vllm, "dist", None), "_path", None)
+    """The dist-info directory of an Environment's vLLM."""
+    path = getattr(env.vllm, "path", None)
     return str(path) if path is not None else None
 
 
@@ -310,7 +290,7 @@ def of_recorded(site, recorded) -> Fingerprint:
     judgement, or the anchors' record of a pristine known build)."""
     return Fingerprint(
         site.vllm_version,
-        build_identity(site.dist_info),
+        build_identity(site.dist_info, getattr(site, "metadata", None)),
         site.flashinfer_version,
         site.flashinfer_source,
         recorded.opt_in,

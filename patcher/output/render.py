@@ -115,6 +115,7 @@ def report_document(
     notes: Iterable[str] = (),
     next_step: str | None = None,
     fingerprint: str | None = None,
+    hooks: Iterable[dict] = (),
 ) -> dict:
     """The document of status, verify, apply and revert (``patches``: patch documents): the same keys on every path."""
     return {
@@ -136,6 +137,7 @@ def report_document(
         "notes": list(notes),
         "next": next_step,
         "fingerprint": fingerprint,
+        "hooks": [dict(hook) for hook in hooks],
         "summary": summary,
     }
 

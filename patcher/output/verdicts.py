@@ -173,6 +173,8 @@ class Report:
     saved_edits: tuple[str, ...] = ()  # where revert --discard-local-edits saved hand-edited files
     # what the tree serves (patch_dsv4.fastpath.serving.Fingerprint; its text in JSON); None where no tree is judged
     fingerprint: object | None = field(default=None, compare=False)
+    # start-up hooks that name vLLM (patch_dsv4.tree.hooks.Hook.to_json: file, kind, modules, via)
+    hooks: tuple[dict, ...] = ()
 
     def to_json(self) -> dict:
         """The document of status, verify, apply and revert: the same keys on every path."""
@@ -194,6 +196,7 @@ class Report:
             notes=self.notes,
             next_step=self.next_step,
             fingerprint=None if self.fingerprint is None else str(self.fingerprint),
+            hooks=self.hooks,
         )
 
     @classmethod
@@ -217,6 +220,7 @@ class Report:
             backups=data["backups"],
             saved_edits=tuple(data["saved_edits"]),
             fingerprint=data.get("fingerprint"),
+            hooks=tuple(data.get("hooks", ())),
         )
 
 

@@ -61,12 +61,17 @@ def verify(env: Environment, lock_timeout: float = 300.0, on_wait=None, with_=No
     last write are reported when the hashes vouch for them (:mod:`patch_dsv4.fastpath.quick`) and they were asked for
     every opt-in in ``with_``; anything else is judged in full.
     """
-    recorded = quick.vouched(quick.site_of(env), options(discover_patches(), with_=with_).with_)
+    site = quick.site_of(env)
+    try:
+        recorded = quick.vouched(site, options(discover_patches(), with_=with_).with_)
+        served = of_recorded(site, recorded) if recorded is not None else None
+    except quick.Unreadable:
+        recorded = None  # a malformed state or dist-info: judged in full, which refuses it naming it
     if recorded is not None:
-        site = quick.site_of(env)
-        return replace(
-            quick.recorded_report(site, recorded, env.target.args()), fingerprint=of_recorded(site, recorded)
-        )
+        from patch_dsv4.tree.hooks import find_hooks
+
+        hooks = find_hooks(*env.import_path())
+        return replace(quick.recorded_report(site, recorded, env.target.args(), hooks, served), fingerprint=served)
     report = status(env, command="verify", lock_timeout=lock_timeout, on_wait=on_wait, with_=with_)
     bad = [r for r in report.patches if r.verdict.needs_action]
     return replace(
@@ -182,7 +187,10 @@ def fingerprint(env: Environment, lock_timeout: float = 300.0, on_wait=None) -> 
     """The fingerprint of an Environment's tree: from the hashes when they vouch for a judgement (as the guard
     makes it), else from a full judgement (as status makes it)."""
     site = quick.site_of(env)
-    known = quick.known_judgement(site)
-    if known is not None:
-        return of_recorded(site, known)
+    try:
+        known = quick.known_judgement(site)
+        if known is not None:
+            return of_recorded(site, known)
+    except quick.Unreadable:
+        pass  # a malformed state or dist-info: the full judgement refuses it, naming it
     return status(env, lock_timeout=lock_timeout, on_wait=on_wait).fingerprint

@@ -30,7 +30,7 @@ from patch_dsv4.pipeline.values import (
     unrecorded_notes,
 )
 from patch_dsv4.tree.fs import sha256_bytes
-from patch_dsv4.tree.state import FileEntry, Manifest
+from patch_dsv4.tree.state import STATE_DIR, FileEntry, Manifest
 
 
 def options(
@@ -215,9 +215,12 @@ def _planned_files(
 
 
 def _unreplaceable(state: Snapshot, relpaths, verb: str) -> Refused | None:
-    """The refusal to write a file another tool bind-mounted over site-packages (the snapshot read which:
-    patch_dsv4.tree.mounts), before anything is written; None when no file of the plan is."""
+    """The refusal to write a file that lies on another tool's mount (the file, or a directory above it: the
+    snapshot read which, patch_dsv4.tree.mounts), or where the state directory does, before anything is written;
+    None when no file of the plan is."""
     blocked = [rel for rel in sorted(relpaths) if rel in state.mounted]
+    if relpaths and STATE_DIR in state.mounted:  # the backups and the manifest would go into another tool's mount
+        blocked.insert(0, STATE_DIR)
     if not blocked:
         return None
     more = f" (and {len(blocked) - 1} more file(s): patch-dsv4 status names them)" if len(blocked) > 1 else ""

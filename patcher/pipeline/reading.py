@@ -10,6 +10,7 @@ import stat
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from patch_dsv4.output.errors import EnvironmentProblem
 from patch_dsv4.patching.patch import Patch
 from patch_dsv4.patching.registry import declared_files
 from patch_dsv4.pipeline.values import (  # noqa: F401 - context_for re-exported: the view of a tree a judgement reads
@@ -24,7 +25,7 @@ from patch_dsv4.pipeline.values import (  # noqa: F401 - context_for re-exported
 )
 from patch_dsv4.tree.environment import Environment, record_digest
 from patch_dsv4.tree.fs import MAX_SOURCE_BYTES, UnsafePath
-from patch_dsv4.tree.state import Manifest, StateStore
+from patch_dsv4.tree.state import STATE_DIR, Manifest, StateStore
 
 if TYPE_CHECKING:
     from patch_dsv4.releases.release_wheel import ReleaseWheel
@@ -76,7 +77,7 @@ def read_snapshot(
     from patch_dsv4.fastpath import quick
     from patch_dsv4.fastpath.serving import build_identity, dist_info_of
     from patch_dsv4.releases import anchors_store
-    from patch_dsv4.tree import mounts
+    from patch_dsv4.tree import hooks, mounts
 
     view = view_of(env, store.load() if manifest is True else manifest)
     if manifest is True:  # as found, before any recovery: what an interrupted apply left is said
@@ -89,13 +90,20 @@ def read_snapshot(
     build.files = quick.listed_package_files(env.site_packages)
     ours = set(view.manifest.files) if view.manifest is not None else set()
     files, table = sorted(declared_files(patches) | ours), mounts.read_mounts()
-    snapshot.mounted = mounts.mounted(str(env.site_packages), files, table)
+    snapshot.mounted = mounts.mounted(str(env.site_packages), [STATE_DIR, *files], table)
     unreplaceable = mounts.unreplaceable(str(env.site_packages), files, table)
     snapshot.unreplaceable = {rel: why for rel, why in unreplaceable.items() if rel not in snapshot.mounted}
+    snapshot.hooks = tuple(hooks.find_hooks(*env.import_path()))
     build.hashes = {rel: env.sha256(rel) for rel in sorted(build.record["files"])} if build.record else {}
-    snapshot.build.served = build_identity(dist_info_of(env))
+    try:
+        snapshot.build.served = build_identity(dist_info_of(env))
+    except quick.Unreadable as exc:
+        raise EnvironmentProblem(f"cannot read {env.vllm.describe()}", str(exc), env.reinstall()) from None
     if vouch and view.kind == "current" and not view.modified:
-        snapshot.recorded_holds = quick.recorded_verdicts(quick.site_of(env)) is not None
+        try:
+            snapshot.recorded_holds = quick.recorded_verdicts(quick.site_of(env)) is not None
+        except quick.Unreadable:
+            snapshot.recorded_holds = False
     if revert is not None and view.kind not in ("none", "stale"):
         for relpath in to_restore(view):
             snapshot.backup(relpath)
@@ -115,10 +123,13 @@ def write_denied(env: Environment) -> tuple[str, str] | None:
     if os.access(site, os.W_OK | os.X_OK, effective_ids=effective):
         return None
     try:
-        owner = user_name(os.stat(site).st_uid)
+        st = os.stat(site)
+        read_only = bool(os.statvfs(site).f_flag & os.ST_RDONLY)
     except OSError:
         return None  # the write itself says what it can
-    return user_name(os.geteuid()), owner
+    if read_only or os.geteuid() in (0, st.st_uid):
+        return None  # not a matter of who runs it (a read-only mount, a mode its owner set): the write says which
+    return user_name(os.geteuid()), user_name(st.st_uid)
 
 
 def leftover(store: StateStore, view: StateView) -> str:

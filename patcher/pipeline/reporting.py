@@ -53,6 +53,7 @@ def report(
         diff=diff,
         notes=tuple(notes),
         backups=str(store.dir_path / "backups") if backups and manifest_left else None,
+        hooks=tuple(hook.to_json() for hook in state.hooks),
     )
 
 
@@ -63,7 +64,12 @@ def status_report(state: Snapshot, judged: Judged, command: str = "status", aske
     """
     opt_in = state.opt_in_kept | set(asked)
     reports = as_opt_in(judged.reports, state.patches, opt_in)
-    notes = [*state_notes(state.view), *unrecorded_notes(judged.now, state.view), *unreplaceable_notes(state)]
+    notes = [
+        *state_notes(state.view),
+        *unrecorded_notes(judged.now, state.view),
+        *unreplaceable_notes(state),
+        *(hook.note(str(state.env.site_packages)) for hook in state.hooks),
+    ]
     out = report(state, command, reports, state.kind, notes=notes)
     bad = [r for r in reports if r.verdict.needs_action]
     if any(r.verdict is Verdict.FOREIGN for r in bad):  # the way out is not apply: say which it is

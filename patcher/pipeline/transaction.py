@@ -22,7 +22,6 @@ the commit says that the command completed.
 from __future__ import annotations
 
 import copy
-import json
 import os
 import shlex
 import stat
@@ -444,6 +443,7 @@ def commit(plan: Plan) -> Committed:
     env, store = state.env, state.store
     if plan.command == "revert":
         if plan.previous is None:  # no state to revert: a stale one, or an empty directory, goes
+            store.remove_legacy()
             if plan.remove_state:
                 store.remove()
             elif store.remove_if_empty():
@@ -454,40 +454,17 @@ def commit(plan: Plan) -> Committed:
         return Committed(tuple(saved), tuple(notes))
     if plan.remove_state:
         store.remove()
+    store.remove_legacy()  # what older versions kept and none reads: gone, readable or not
     if not plan.writes:
         if plan.manifest is not None:
             store.save(plan.manifest)
             completed(f"{plan.command} completed: recorded the opt-ins in the state")
-            record_stat_keys(env, store, plan.manifest)
         return Committed()
     saved = save_local_edits(env, store, plan.save)
     notes = write_apply(
         env, store, plan.previous, plan.manifest, plan.new, originals=plan.originals, command=plan.command
     )
-    record_stat_keys(env, store, plan.manifest)
     return Committed(tuple(saved), tuple(notes))
-
-
-def record_stat_keys(env: Environment, store: StateStore, manifest: Manifest) -> None:
-    """After a manifest is saved: the stat key and sha256 of each file verify's fast path and the guard hash, so
-    that they need not read it (patch_dsv4.fastpath.quick.stat_keys). Waits until the file system's clock has
-    moved on from the files just written (some ms). Best effort: where anything fails there are none, or an
-    earlier apply's, each of which holds only while its file is unchanged; the fast paths then read the files."""
-    from patch_dsv4.fastpath import quick
-
-    site = str(env.site_packages)
-    try:
-        record = quick.anchors_record(env.vllm_version)
-        relpaths = quick.keyed_files({"files": manifest.files, "inputs": manifest.inputs}, record)
-        data = None
-        if relpaths and quick.keyable(os.path.join(site, STATE_DIR)):
-            newest = max(quick.changed_ns(site, rel) for rel in relpaths)
-            keys = quick.stat_keys(site, relpaths, store.stamp(newest + quick.SETTLED_NS, timeout=0.25))
-            document = {"format": quick.STAT_KEYS_FORMAT, "files": keys}
-            data = (json.dumps(document, sort_keys=True, separators=(",", ":")) + "\n").encode() if keys else None
-        store.save_stat_keys(data)
-    except (OSError, UnsafePath):
-        pass
 
 
 def save_local_edits(env: Environment, store: StateStore, relpaths: list[str]) -> list[str]:

@@ -142,6 +142,7 @@ class Snapshot:
     # file), and why: named up front, refused by the transaction's write probe as before (an environment error)
     mounted: dict[str, str] = field(default_factory=dict)
     unreplaceable: dict[str, str] = field(default_factory=dict)
+    hooks: tuple = ()  # start-up hooks on the target's import path that name vLLM (patch_dsv4.tree.hooks.Hook)
     _bytes: dict[str, bytes | None] = field(default_factory=dict, repr=False)
     _hashes: dict[str, str | None] = field(default_factory=dict, repr=False)
     _backups: dict[str, bytes | None] = field(default_factory=dict, repr=False)

@@ -2,37 +2,31 @@
 
 Nothing here imports vLLM, torch or FlashInfer: an environment without a GPU,
 or with a broken torch, can still be judged and patched. Distributions are read
-with :mod:`importlib.metadata`; every damaged metadata file (not UTF-8, a RECORD
-field over the csv limit, missing) is a one-line error, never a traceback.
+with :mod:`patch_dsv4.tree.installed`, the reader verify's fast path and the
+serve guard use too: every damaged, oversized or odd metadata file (not UTF-8, a
+RECORD field over the csv limit, a FIFO, missing) is a one-line error, never a
+traceback, in bounded time and memory.
 """
 
 from __future__ import annotations
 
-import base64
-import csv
 import functools
-import hashlib
 import json
 import subprocess
 import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from importlib.metadata import Distribution, distributions
 from pathlib import Path
 
-from packaging.requirements import InvalidRequirement, Requirement
-from packaging.utils import canonicalize_name
-
 from patch_dsv4.output.errors import EnvironmentProblem
+from patch_dsv4.tree import installed
 from patch_dsv4.tree.fs import PackageTree, UnsafePath
 
 VLLM = "vllm"
-FLASHINFER = "flashinfer-python"
+FLASHINFER = installed.FLASHINFER
 
 
-def record_digest(data: bytes) -> str:
-    """The hash in pip's RECORD format: urlsafe base64 of sha256, no padding."""
-    return base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+record_digest = installed.record_digest  # the hash in pip's RECORD format: urlsafe base64 of sha256, no padding
 
 
 @dataclass(frozen=True)
@@ -42,7 +36,12 @@ class Installed:
     name: str
     version: str
     root: Path  # the directory the RECORD paths are relative to
-    dist: Distribution = field(repr=False, compare=False)
+    dist: installed.DistInfo = field(repr=False, compare=False)
+
+    @property
+    def path(self) -> Path:
+        """Its dist-info directory."""
+        return Path(self.dist.path)
 
     def describe(self) -> str:
         return f"{self.name} {self.version} in {self.root}"
@@ -53,30 +52,21 @@ class Installed:
         A dist-info without a RECORD (or with one that is not a regular file) is an error: without it nothing
         tells pip's files from edited ones, so nothing is judged or written.
         """
-        problem = _not_regular(self.dist, "RECORD")
-        if problem:
-            raise EnvironmentProblem(
-                f"{self.name} {self.version}'s RECORD {problem}",
-                "nothing tells pip's files from edited ones, so nothing is judged or written",
-                f"reinstall {self.name}=={self.version}",
-            )
         try:
-            files = self.dist.files or []
-            return {str(f): f.hash.value for f in files if f.hash is not None and f.hash.mode == "sha256"}
-        except (OSError, UnicodeDecodeError, csv.Error, ValueError) as exc:
+            return self.dist.record()
+        except installed.Unreadable as exc:
+            if exc.why in ("is missing", "is not a regular file"):
+                raise EnvironmentProblem(
+                    f"{self.name} {self.version}'s RECORD {exc.why}",
+                    "nothing tells pip's files from edited ones, so nothing is judged or written",
+                    f"reinstall {self.name}=={self.version}",
+                ) from None
             raise EnvironmentProblem(
                 f"cannot read the RECORD of {self.describe()}", _short(exc), f"reinstall {self.name}=={self.version}"
             ) from None
 
     def requires(self) -> list[str]:
-        if _not_regular(self.dist, "METADATA"):
-            return []
-        try:
-            return list(self.dist.requires or [])
-        except (OSError, UnicodeDecodeError, ValueError) as exc:
-            raise EnvironmentProblem(
-                f"cannot read the METADATA of {self.describe()}", _short(exc), f"reinstall {self.name}=={self.version}"
-            ) from None
+        return self.dist.requires()
 
 
 def _short(exc: BaseException) -> str:
@@ -84,105 +74,33 @@ def _short(exc: BaseException) -> str:
     return text if len(text) <= 160 else text[:157] + "..."
 
 
-def _not_regular(dist: Distribution, name: str) -> str | None:
-    """Why a dist-info file cannot be read safely ("is missing", "is not a regular file"); None when it can.
-
-    importlib.metadata opens files as they are: a FIFO there would block every process that looks.
-    """
-    import os
-    import stat
-
-    base = getattr(dist, "_path", None)  # PathDistribution's dist-info directory
-    if base is None:
-        return None
-    try:
-        st = os.stat(Path(str(base)) / name)
-    except FileNotFoundError:
-        return "is missing"
-    except OSError as exc:
-        return f"cannot be read ({_short(exc)})"
-    return None if stat.S_ISREG(st.st_mode) else "is not a regular file"
-
-
-def _read_installed(dist: Distribution, wanted: str) -> Installed | None:
-    problem = _not_regular(dist, "METADATA")
-    if problem == "is missing":
-        return None
-    if problem:
-        raise EnvironmentProblem(f"cannot read a {wanted} METADATA", f"it {problem}", f"reinstall {wanted}")
-    try:
-        meta = dist.metadata
-        name, version = meta["Name"], meta["Version"]
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise EnvironmentProblem(f"cannot read a {wanted} METADATA", _short(exc), f"reinstall {wanted}") from None
-    if not name or not version or canonicalize_name(name) != wanted:
-        return None
-    return Installed(wanted, version, Path(str(dist.locate_file(""))), dist)
-
-
-def _matching_modules(found: Installed, package: str) -> int:
-    """How many of the package's top-level modules on disk are the ones this RECORD lists."""
-    try:
-        record = found.record()
-    except EnvironmentProblem:
-        return -1
-    matches = 0
-    for relpath, digest in record.items():
-        if relpath.startswith(package + "/") and relpath.count("/") == 1 and relpath.endswith(".py"):
-            try:
-                matches += record_digest((found.root / relpath).read_bytes()) == digest
-            except OSError:
-                pass
-    return matches
-
-
 def find_distribution(name: str, search_path: Iterable[Path], package: str | None = None) -> Installed | None:
-    """The first distribution called ``name`` on ``search_path`` (import order).
+    """The first distribution called ``name`` on ``search_path`` (import order) (installed.find_dist).
 
     One directory can hold two dist-infos of one project (``pip install
     --target --upgrade`` leaves the old one behind): the one whose RECORD
     matches the files of ``package`` on disk is the installed one; when both
     match equally well, nothing tells them apart, and that is an error.
     """
-    wanted = canonicalize_name(name)
-    for entry in search_path:
-        try:
-            if not entry.is_dir():
-                continue
-        except OSError:
-            continue
-        found = [d for d in (_read_installed(x, wanted) for x in distributions(name=wanted, path=[str(entry)])) if d]
-        if len(found) == 1:
-            return found[0]
-        if found:
-            scored = sorted(((_matching_modules(d, package or wanted), d) for d in found), key=lambda x: -x[0])
-            if scored[0][0] == scored[1][0]:
-                both = " and ".join(d.version for _, d in scored[:2])
-                raise EnvironmentProblem(
-                    f"two {wanted} dist-infos in {entry} ({both}) match the files on disk equally well",
-                    "nothing tells which release is installed",
-                    f"reinstall {wanted} there (pip install --force-reinstall --no-deps), "
-                    "or remove the stale dist-info",
-                )
-            return scored[0][1]
-    return None
+    wanted = installed.canonical(name)
+    try:
+        found = installed.find_dist(wanted, search_path, package)
+    except installed.Ambiguous as exc:
+        raise EnvironmentProblem(
+            str(exc),
+            "nothing tells which release is installed",
+            f"reinstall {wanted} there (pip install --force-reinstall --no-deps), or remove the stale dist-info",
+        ) from None
+    except installed.Unreadable as exc:
+        raise EnvironmentProblem(f"cannot read a {wanted} METADATA", _short(exc), f"reinstall {wanted}") from None
+    if found is None:
+        return None
+    return Installed(wanted, found.version, Path(found.root), found)
 
 
 def flashinfer_pin(requirements: Iterable[str]) -> str | None:
     """The FlashInfer release a requirement list pins with ``flashinfer-python==X`` (no extra)."""
-    for text in requirements:
-        try:
-            req = Requirement(text)
-        except InvalidRequirement:
-            continue
-        if canonicalize_name(req.name) != FLASHINFER:
-            continue
-        if req.marker is not None and not req.marker.evaluate({"extra": ""}):
-            continue
-        specs = list(req.specifier)
-        if len(specs) == 1 and specs[0].operator == "==":
-            return specs[0].version
-    return None
+    return installed.flashinfer_pin(requirements)
 
 
 @dataclass(frozen=True)
@@ -292,6 +210,16 @@ class Environment:
 
     def recorded_hash(self, relpath: str) -> str | None:
         return self.record.get(relpath)
+
+    def import_path(self) -> tuple[list[str], list[str]]:
+        """The directories the target interpreter imports from, in order, and those of them where ``.pth`` files
+        run (None: its site-packages and dist-packages): the ``--site-packages`` directory alone, or the sys.path
+        of ``--python``'s interpreter or of this one (patch_dsv4.tree.hooks reads its start-up hooks there)."""
+        if self.target.option == "--site-packages":
+            return [str(self.site_packages)], [str(self.site_packages)]
+        if self.interpreter is not None:
+            return [str(p) for p in self.interpreter.search_path], None
+        return [p for p in sys.path if p], None
 
     def reinstall(self) -> str:
         return self.target.pip(f"vllm=={self.vllm_version}", self.site_packages)

@@ -1,28 +1,35 @@
-"""Files another tool owns: a file bind-mounted over site-packages, or one that cannot be replaced where it is.
+"""Files another tool owns: a file, or a directory above it, mounted over site-packages, or one that cannot be
+replaced where it is.
 
-A V4.1 kit may bind-mount whole vLLM files over site-packages (``docker run -v kit/model.py:/.../model.py``). Such
-a file is a mount point: ``os.replace`` onto it fails (EBUSY) and, were it to succeed, would write into the other
-tool's overlay rather than the image. So it is named up front: ``status`` marks it, ``apply``, ``takeover`` and
-``revert`` refuse it in the plan, before anything is written, and the guard and ``verify`` report it.
+A V4.1 kit may mount its own files over site-packages: a file (``docker run -v kit/model.py:/.../model.py``), a
+whole directory (``-v kit/common:/.../deepseek_v4/common``), a tmpfs or an overlay. A file that lies on any mount
+other than the one site-packages itself is on is another tool's: ``os.replace`` onto a mounted file fails (EBUSY),
+and a write into a mounted directory lands in the other tool's files, not the image's (and once that mount is gone,
+revert would "restore" files it never wrote). So it is named up front: ``status`` marks it, ``apply``, ``takeover``
+and ``revert`` refuse it in the plan, before anything is written, and the guard and ``verify`` report it.
 
-A mount point is read from ``/proc/self/mountinfo`` (:data:`MOUNTINFO`; tests point it at a fixture file): each
-line is ``ID PARENT MAJ:MIN ROOT MOUNT_POINT OPTIONS [OPTIONAL...] - FSTYPE SOURCE SUPER_OPTIONS``, with space, tab,
-newline and backslash in paths written as octal escapes (``\\040``). A bind mount of a file shows as an entry whose
-mount point is that file, and whose ROOT is the mounted file's path inside its own filesystem. Besides mounts, a
-file on a read-only filesystem, or marked immutable or append-only (``chattr +i``/``+a``), or in a directory so
-marked, cannot be replaced either. Whether this user may write there is not judged here (``status`` runs as anyone;
-``apply`` proves it can write every file before it writes one).
+The mounts are read from ``/proc/self/mountinfo`` (patch_dsv4.tree.installed.MOUNTINFO; tests point it at a fixture
+file), all of it:
+each line is ``ID PARENT MAJ:MIN ROOT MOUNT_POINT OPTIONS [OPTIONAL...] - FSTYPE SOURCE SUPER_OPTIONS``, with space,
+tab, newline and backslash in paths written as octal escapes (``\\040``). The mount a path is on is found as the
+kernel finds it: from the root mount down, at each step the child mount (PARENT is the mount it was mounted on) at
+the shallowest mount point on the path, the last of several on one point (:func:`mount_of`): a mount that a later
+one on a directory above hides is passed over. ROOT is the mounted directory's or file's path inside its own file
+system (a bind mount's source). Besides mounts, a file on a read-only file system, or marked immutable or
+append-only (``chattr +i``/``+a``), or in a directory so marked, cannot be replaced either. Whether this user may
+write there is not judged here (``status`` runs as anyone; ``apply`` proves it can write every file before it
+writes one).
 
-Used by verify's fast path and the guard: the standard library only (os; fcntl where a flag is asked about).
+Used by verify's fast path and the guard: the standard library only (os; fcntl where a flag is asked about), and
+patch_dsv4.tree.installed, which reads the table.
 """
 
 import os
 
-#: The mount table read (a module attribute, so that tests can point it at a fixture file).
-MOUNTINFO = "/proc/self/mountinfo"
+from patch_dsv4.tree import installed
+
 #: What a user should do about another tool's overlay (the refusal's and the notes' reason ends with it).
 OVERLAY = "another tool's overlay; patch the image it comes from"
-_LIMIT = 8 << 20  # a mount table larger than this is read no further
 _FS_IOC_GETFLAGS = 0x80086601  # linux/fs.h: the inode flags (ioctl), as lsattr reads them
 _FS_IMMUTABLE_FL, _FS_APPEND_FL = 0x10, 0x20
 _ST_RDONLY = 1  # os.ST_RDONLY
@@ -31,10 +38,13 @@ _ST_RDONLY = 1  # os.ST_RDONLY
 class Mount:
     """One line of the mount table: where it is mounted, and what is mounted there."""
 
-    __slots__ = ("mount_point", "root", "fstype", "source")
+    __slots__ = ("mount_id", "parent_id", "mount_point", "root", "fstype", "source")
 
-    def __init__(self, mount_point: str, root: str, fstype: str, source: str) -> None:
+    def __init__(
+        self, mount_point: str, root: str, fstype: str, source: str, mount_id: int = 0, parent_id: int = 0
+    ) -> None:
         self.mount_point, self.root, self.fstype, self.source = mount_point, root, fstype, source
+        self.mount_id, self.parent_id = mount_id, parent_id
 
     def __repr__(self) -> str:
         return f"Mount({self.mount_point!r}, root={self.root!r}, fstype={self.fstype!r}, source={self.source!r})"
@@ -75,24 +85,69 @@ def parse(data: bytes) -> list[Mount]:
             continue
         if len(fields) < separator + 3 or len(fields) < 7:
             continue
+        try:
+            mount_id, parent_id = int(fields[0]), int(fields[1])
+        except ValueError:
+            continue
         mounts.append(
             Mount(
                 unescape(fields[4]),
                 unescape(fields[3]),
                 unescape(fields[separator + 1]),
                 unescape(fields[separator + 2]),
+                mount_id,
+                parent_id,
             )
         )
     return mounts
 
 
-def read_mounts(path: str | None = None) -> list[Mount]:
-    """The mounts of this process (``path``: another mountinfo file); none where it cannot be read."""
-    try:
-        with open(MOUNTINFO if path is None else path, "rb") as fh:
-            return parse(fh.read(_LIMIT))
-    except OSError:
-        return []
+def read_mounts() -> list[Mount]:
+    """The mounts of this process (patch_dsv4.tree.installed.mount_table); none where it cannot be read."""
+    return parse(installed.mount_table())
+
+
+def _on_path(point: str, real: str) -> bool:
+    return real == point or point == "/" or real.startswith(point + "/")
+
+
+def mount_of(real: str, mounts: list[Mount]) -> Mount | None:
+    """The mount the real path ``real`` is on, as the kernel resolves it: from the root mount, the child mount on
+    the path with the shallowest mount point (the last of several on one point), again from there, until none; a
+    mount a later mount on a directory above it hides is not reached. None where the table has no root mount."""
+    ids = {m.mount_id for m in mounts}
+    children: dict[int, list[Mount]] = {}
+    for mount in mounts:
+        children.setdefault(mount.parent_id, []).append(mount)
+    roots = [m for m in mounts if m.mount_point == "/" and (m.parent_id not in ids or m.parent_id == m.mount_id)]
+    if not roots:
+        return None
+    current = roots[-1]
+    while True:
+        best = None
+        for child in children.get(current.mount_id, ()):
+            if child is current or not _on_path(child.mount_point, real):
+                continue
+            if best is None or len(child.mount_point) <= len(best.mount_point):
+                best = child  # the shallowest; of several on one point, the last
+        if best is None:
+            return current
+        current = best
+
+
+def foreign_mount(site_packages: str, path: str, mounts: list[Mount]) -> str | None:
+    """Why the file ``path`` (of ``site_packages``) lies on another mount than site-packages itself, in one line;
+    None where it is on site-packages' own mount."""
+    site = os.path.realpath(site_packages)
+    real = os.path.realpath(path)
+    here, there = mount_of(site, mounts), mount_of(real, mounts)
+    if there is None or there is here:
+        return None
+    if there.mount_point == real:
+        return f"bind-mounted over site-packages from {there.origin}: {OVERLAY}"
+    point = there.mount_point
+    shown = point[len(site) + 1 :] + "/" if point.startswith(site + "/") else point
+    return f"{shown} is mounted over site-packages ({there.fstype} from {there.origin}): {OVERLAY}"
 
 
 def mount_over(path: str, mounts: list[Mount]) -> Mount | None:
@@ -123,10 +178,8 @@ def _flags(path: str) -> int:
 
 
 def why_unreplaceable(path: str, mounts: list[Mount]) -> str | None:
-    """Why the file at ``path`` cannot be replaced where it is, in one line; None when nothing says so."""
-    mount = mount_over(path, mounts)
-    if mount is not None:
-        return f"bind-mounted over site-packages from {mount.origin}: {OVERLAY}"
+    """Why the file at ``path`` cannot be replaced where it is (a read-only file system, an immutable or
+    append-only flag), in one line; None when nothing says so. Mounts: :func:`foreign_mount`."""
     real = os.path.realpath(path)
     directory = os.path.dirname(real)
     try:
@@ -151,21 +204,22 @@ def unreplaceable(site_packages: str, relpaths, mounts: list[Mount] | None = Non
         path = os.path.join(site_packages, relpath)
         if not os.path.lexists(path):
             continue
-        why = why_unreplaceable(path, mounts)
+        why = foreign_mount(site_packages, path, mounts) or why_unreplaceable(path, mounts)
         if why is not None:
             found[relpath] = why
     return found
 
 
 def mounted(site_packages: str, relpaths, mounts: list[Mount] | None = None) -> dict[str, str]:
-    """Of ``relpaths``, the files bind-mounted over ``site_packages``, and the one-line reason: the cheap check of
-    verify's fast path and the guard (the mount table only; ``mounts``: the table, when read already)."""
+    """Of ``relpaths`` (files, or directories such as the state's), those on another mount than site-packages
+    itself (the file, or a directory above it, a mount point below site-packages: :func:`foreign_mount`), and the
+    one-line reason: the mount table only (``mounts``: the table, when read already)."""
     mounts = read_mounts() if mounts is None else mounts
     if not mounts:
         return {}
     found = {}
     for relpath in relpaths:
-        mount = mount_over(os.path.join(site_packages, relpath), mounts)
-        if mount is not None:
-            found[relpath] = f"bind-mounted over site-packages from {mount.origin}: {OVERLAY}"
+        why = foreign_mount(site_packages, os.path.join(site_packages, relpath), mounts)
+        if why is not None:
+            found[relpath] = why
     return found

@@ -4,16 +4,20 @@ Layout, inside the site-packages directory that holds vllm/:
 
     .patch-dsv4.lock              one lock per environment (removed by every command)
     .patch-dsv4/manifest.json     the Manifest (schema-versioned JSON)
-    .patch-dsv4/stat-keys.json    the stat key and sha256 of each file the fast paths hash, as apply found them
-                                  (patch_dsv4.fastpath.quick.stat_keys; optional: without it they read each file)
     .patch-dsv4/backups/<path>    each patched file as it was before we wrote it
     .patch-dsv4/staged/<path>     new contents, only while an apply is in flight
 
-Nothing in the state is trusted: a manifest is read whole and checked field by
-field (every path relative, normalised and one of the files the patches
-declare) before anything acts on it, and the state directory, its parts and the
-backups must be real directories and regular files, never symlinks. A state
-that breaks any rule is unreadable: exit 2, nothing written, nothing deleted.
+Nothing in the state is trusted: a manifest is read whole (by
+:func:`patch_dsv4.tree.installed.read_state`, as the fast paths read it: at most
+MANIFEST_LIMIT bytes, refused from its size beyond) and checked field by field
+(every path relative, normalised and one of the files the patches declare)
+before anything acts on it, and the state directory, its parts and the backups
+must be real directories and regular files, never symlinks. A state that breaks
+any rule is unreadable: exit 2, nothing written, nothing deleted.
+
+Older versions kept ``stat-keys.json`` beside the manifest (file attributes
+standing for files' sha256). Nothing reads it now; any apply or revert removes
+it (:meth:`StateStore.remove_legacy`), whatever it holds.
 """
 
 from __future__ import annotations
@@ -31,14 +35,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from patch_dsv4.output.errors import EnvironmentProblem
-from patch_dsv4.tree.fs import Dir, Owner, describe, is_temp_name
+from patch_dsv4.tree import installed
+from patch_dsv4.tree.fs import MAX_SOURCE_BYTES, Dir, Owner, describe, is_temp_name
 from patch_dsv4.tree.manifest_rules import UnsafePath, check_manifest, checked_relpath
 
 SCHEMA_VERSION = 2
 STATE_DIR = ".patch-dsv4"
 LOCK_FILE = ".patch-dsv4.lock"
 MANIFEST = "manifest.json"
-STAT_KEYS = "stat-keys.json"  # patch_dsv4.fastpath.quick.STAT_KEYS: written and read there, only kept here
+LEGACY = ("stat-keys.json",)  # written by older versions, read by none: removed by the next apply or revert
 SAVED_EDITS = "saved-edits"  # hand edits kept by revert --discard-local-edits: never removed by us
 FILE_MODE, DIR_MODE = 0o644, 0o755
 
@@ -86,7 +91,7 @@ class Manifest:
 
 def parse_manifest(text: str, declared: Iterable[str], patch_ids: Iterable[str]) -> Manifest:
     """The Manifest in ``text``, checked field by field; ValueError naming the first problem."""
-    return manifest_from_data(json.loads(text), declared, patch_ids)
+    return manifest_from_data(installed.parse_json(text.encode("utf-8"), MANIFEST), declared, patch_ids)
 
 
 def manifest_from_data(data: object, declared: Iterable[str], patch_ids: Iterable[str]) -> Manifest:
@@ -174,7 +179,7 @@ class StateStore:
             return None
         with directory:
             try:
-                return directory.read_bytes(name)
+                return directory.read_bytes(name, limit=MAX_SOURCE_BYTES)  # a copy of a source file, no more
             except FileNotFoundError:
                 return None
             except OSError as exc:
@@ -193,52 +198,29 @@ class StateStore:
 
     # -- the manifest -------------------------------------------------------------
     def load(self) -> Manifest | None:
-        state = self.state_dir()
-        if state is None:
-            return None
-        with state:
-            try:
-                data = state.read_bytes(MANIFEST, limit=64 << 20)
-            except FileNotFoundError:
-                return None
-            except OSError as exc:
-                raise self.unreadable(f"{MANIFEST}: {exc.strerror or exc}") from None
+        """The manifest; None where there is none; unreadable (exit 2, naming it) where it breaks a rule."""
         try:
-            return parse_manifest(data.decode("utf-8"), self.declared, self.patch_ids)
-        except (ValueError, RecursionError) as exc:  # JSON, UTF-8 and field errors are all ValueErrors
+            data = installed.read_state(str(self.root))
+        except installed.Unreadable as exc:
+            raise self.unreadable(_short(exc)) from None
+        if data is None:
+            return None
+        try:
+            return manifest_from_data(data, self.declared, self.patch_ids)
+        except (ValueError, RecursionError) as exc:  # field errors are ValueErrors
             raise self.unreadable(f"{MANIFEST}: {_short(exc)}") from None
 
-    def stamp(self, after_ns: int, timeout: float) -> os.stat_result:
-        """The status of a file written in the state directory now: its ctime is the file system's clock. Written
-        again (waiting up to ``timeout`` seconds, a few ms at a time) until that clock has passed ``after_ns``;
-        then removed (a temp file's name: a killed run's is removed by the next)."""
-        state = self.state_dir(create=True)
-        with state:
-            name = f".stamp.patch-dsv4-{os.urandom(16).hex()}.tmp"
-            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-            fd = os.open(name, flags, 0o600, dir_fd=state.fd)
-            try:
-                deadline = time.monotonic() + timeout
-                while True:
-                    os.write(fd, b"\0")
-                    st = os.fstat(fd)
-                    if st.st_ctime_ns > after_ns or time.monotonic() >= deadline:
-                        return st
-                    time.sleep(0.002)
-            finally:
-                os.close(fd)
-                os.unlink(name, dir_fd=state.fd)
-
-    def save_stat_keys(self, data: bytes | None) -> None:
-        """Write the stat keys (``data``: their JSON), or remove them (None)."""
-        state = self.state_dir(create=data is not None)
+    def remove_legacy(self) -> bool:
+        """Remove the files older versions kept in the state and this one reads nowhere (:data:`LEGACY`), whatever
+        they hold (a cut or forged one included); whether there was one."""
+        state = self.state_dir()
         if state is None:
-            return
+            return False
         with state:
-            if data is None:
-                state.unlink(STAT_KEYS)
-            else:
-                state.write_atomic(STAT_KEYS, data, self.owner)
+            found = [name for name in LEGACY if state.lstat(name) is not None]
+            for name in found:
+                state.unlink(name)
+        return bool(found)
 
     def manifest_exists(self) -> bool:
         state = self.state_dir()
@@ -273,9 +255,16 @@ class StateStore:
             return any(name != SAVED_EDITS for name in state.names())
 
     def save(self, manifest: Manifest) -> None:
+        data = manifest.to_json().encode()
+        if len(data) > installed.MANIFEST_LIMIT:  # never write a manifest that every reader refuses
+            raise EnvironmentProblem(
+                f"cannot write {self.manifest_path}",
+                f"it would be {len(data):,} bytes, more than a manifest may be ({installed.MANIFEST_LIMIT:,})",
+                "report it: this is a bug in patch-dsv4",
+            )
         state = self.state_dir(create=True)
         with state:
-            state.write_atomic(MANIFEST, manifest.to_json().encode(), self.owner)
+            state.write_atomic(MANIFEST, data, self.owner)
 
     def remove(self) -> None:
         """Drop the state, manifest first, so a crash never leaves a manifest without its backups.
@@ -516,7 +505,7 @@ class StateStore:
     @staticmethod
     def _holder(fd: int) -> str:
         try:
-            text = os.pread(fd, 200, 0).decode("utf-8", "replace").strip()
+            text = installed.holder_text(os.pread(fd, installed.LOCK_LIMIT, 0))
         except OSError:
             text = ""
         return text or "another patch-dsv4 process"

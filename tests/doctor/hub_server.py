@@ -54,6 +54,7 @@ CHUNK = 1 << 20
 IGNORED_RANGE_CAP = 256 << 20  # what the server sends at most when it ignores Range (the client must stop far sooner)
 LARGE = 10 << 20  # the Hub keeps files over 10 MiB (and every *.safetensors) in LFS/Xet storage, behind its CDN
 BOMB_SIZE = 256 << 20  # bytes of the gzip bomb once decoded
+GATHER_WAIT = 5.0  # seconds the CDN holds an answer for the others to arrive (gather=N)
 
 
 def commit_of(repo: str) -> str:
@@ -76,10 +77,16 @@ def gzip_bomb() -> bytes:
 class StandInHub(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, repos: dict[str, Path], *, delay: float = 0.0, parent: StandInHub | None = None):
+    def __init__(
+        self, repos: dict[str, Path], *, delay: float = 0.0, parent: StandInHub | None = None, gather: int = 0
+    ):
         super().__init__(("127.0.0.1", 0), _Handler)
         self.repos = repos
         self.delay = delay
+        # the CDN holds its answers until this many requests are in flight at once (or GATHER_WAIT passes), so
+        # that a client asking side by side is seen to, however slowly a loaded machine starts its threads
+        self.gather = gather
+        self.gathered = False
         self.parent = parent  # the Hub, for the CDN: one account of what both sent
         self.cdn: StandInHub | None = None
         self.ignore_range = False
@@ -104,6 +111,7 @@ class StandInHub(ThreadingHTTPServer):
         self.most_in_flight = 0
         self.requests: list[tuple[str, str, str | None]] = []  # (method, path, Range); the CDN's paths start /cdn/
         self.lock = threading.Lock()
+        self.arrived = threading.Condition(self.lock)
 
     def handle_error(self, request, client_address) -> None:
         import sys
@@ -212,6 +220,7 @@ class _Handler(BaseHTTPRequestHandler):
             hub.requests.append((self.command, url.path, self.headers.get("Range")))
             hub.in_flight += 1
             hub.most_in_flight = max(hub.most_in_flight, hub.in_flight)
+            hub.arrived.notify_all()
         try:
             self._answer(url, parts)
         finally:
@@ -229,6 +238,11 @@ class _Handler(BaseHTTPRequestHandler):
         if hub.delay and hub.stopping.wait(hub.delay):
             self.close_connection = True
             return
+        if kind == "cdn" and hub.gather:
+            with hub.arrived:
+                hub.gathered = hub.gathered or hub.arrived.wait_for(
+                    lambda: hub.in_flight >= hub.gather or hub.stopping.is_set(), timeout=GATHER_WAIT
+                )
         try:
             if kind in hub.rate_limit:
                 return self._error(429, "RateLimited", {"Retry-After": "100000"})
@@ -375,11 +389,11 @@ def _start(server: StandInHub) -> threading.Thread:
 
 
 @contextmanager
-def serving(repos: dict[str, Path], *, delay: float = 0.0, cdn: bool = False):
+def serving(repos: dict[str, Path], *, delay: float = 0.0, cdn: bool = False, gather: int = 0):
     """A running stand-in Hub for ``repos`` (``owner/name`` -> directory), answering each request ``delay``
-    seconds late, its large files behind a loopback CDN when ``cdn``; shut down on exit (a stalled or
-    trickling answer ends then)."""
-    server = StandInHub(repos, delay=delay)
+    seconds late, its large files behind a loopback CDN when ``cdn`` (holding its answers until ``gather`` are
+    in flight at once, or GATHER_WAIT passes); shut down on exit (a stalled or trickling answer ends then)."""
+    server = StandInHub(repos, delay=delay, gather=gather)
     servers = [server]
     if cdn:
         server.cdn = StandInHub(repos, parent=server)

@@ -111,7 +111,7 @@ def test_behind_a_cdn_every_header_is_asked_for_at_once_with_one_range_each(hub_
     the token left behind; the headers are asked for side by side, each with one range in the common case
     (its size from the index), and no more bytes than the headers and a few percent."""
     shards = sorted(p.name for p in full_v41.glob("*.safetensors"))
-    with serving({REPO: full_v41}, cdn=True, delay=0.05) as hub:
+    with serving({REPO: full_v41}, cdn=True, delay=0.05, gather=16) as hub:
         hub.token = "hf_test_token"
         hub_env.setenv("HF_ENDPOINT", hub.endpoint)
         hub_env.setenv("HF_TOKEN", hub.token)

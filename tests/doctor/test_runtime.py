@@ -48,6 +48,7 @@ def test_healthy_deployment_has_no_failing_runtime_row(tmp_path, name):
         "rt.plugin-native",
         "rt.torch",
         "rt.overlay-imports",
+        "rt.hooks",
     }
 
 

@@ -57,10 +57,10 @@ def build(version: str, log=sys.stderr) -> Path:
     return path
 
 
-def install_this_project(venv: Path) -> None:
-    """This checkout, installed (not editable) into the venv: its entry points included."""
+def install_this_project(venv: Path, checkout: Path = ROOT) -> None:
+    """This checkout (or another), installed (not editable) into the venv: its entry points included."""
     subprocess.run(
-        [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--force-reinstall", "--no-deps", str(ROOT)],
+        [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--force-reinstall", "--no-deps", str(checkout)],
         check=True,
         env=_pip_env(),
     )

@@ -33,6 +33,7 @@ MODULES = (
     ),
     ("v41_engram", False, "the Engram tables against the host's memory"),
     ("overlay", False, "files of vLLM overlaid from another vLLM, and the names their importers lack"),
+    ("hooks", False, "sitecustomize, usercustomize and .pth lines that name vllm"),
     ("environ", False, "environment variables and serve flags"),
     ("host", False, "the GPUs, memory, page cache"),
 )
