@@ -145,6 +145,17 @@ def stream_parameter(fn: cst.FunctionDef) -> str | None:
     return None
 
 
+def _carries(assign: cst.Assign, carriers: set[str]) -> bool:
+    """Whether ``assign``'s value carries the stream on: it names a carrier, and is not what a loader returns
+    (``x = loader.load_weights(weights)`` binds the names loaded, the stream is consumed by the call: holding
+    that value keeps the stream whole, so it is no injection of the defect)."""
+    value = assign.value
+    func = value.func if isinstance(value, cst.Call) else None
+    if isinstance(func, cst.Attribute) and func.attr.value == "load_weights":
+        return False
+    return any(n.value in carriers for n in names_in(value))
+
+
 class HoldStream(Injection):
     """stream-load's defect: the stream held whole, in ``construct``, where it flows: rebound at the function's
     start, around the value of an assignment that carries it, or around the argument of a ``load_weights`` call."""
@@ -166,12 +177,12 @@ class HoldStream(Injection):
         for _ in range(3):
             for _owner, _i, stmt in statements:
                 assign = _assign(stmt)
-                if assign and any(n.value in carriers for n in names_in(assign.value)):
+                if assign and _carries(assign, carriers):
                     carriers |= {n.value for t in assign.targets for n in names_in(t.target)}
         places: list[tuple[str, object]] = [("start", None)]
         for owner, i, stmt in statements:
             assign = _assign(stmt)
-            if assign and any(n.value in carriers for n in names_in(assign.value)) and _target_text(assign):
+            if assign and _carries(assign, carriers) and _target_text(assign):
                 places.append(("assignment", (owner, i)))
             for call in _calls(stmt):
                 func = call.func

@@ -85,10 +85,6 @@ def test_the_sample_reaches_every_release_and_both_kinds(sample):
     assert {row.expected for row in sample.rows} == {"fix", "defect"}
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="the probes in patches/ miss these shapes until the evaluator of issue 37 lands (branch eval)",
-)
 def test_the_verdicts_meet_the_targets(sample, capsys):
     """0 false upstream, 0 false pending, at most 2% false drifted on behaviour-keeping rewrites of fixed code."""
     with capsys.disabled():
