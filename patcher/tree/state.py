@@ -44,7 +44,9 @@ STATE_DIR = ".patch-dsv4"
 LOCK_FILE = ".patch-dsv4.lock"
 MANIFEST = "manifest.json"
 LEGACY = ("stat-keys.json",)  # written by older versions, read by none: removed by the next apply or revert
-SAVED_EDITS = "saved-edits"  # hand edits kept by revert --discard-local-edits: never removed by us
+SAVED_EDITS = "saved-edits"  # hand edits kept by revert --discard-local-edits, what a rebuild set aside: never removed
+UNREADABLE = MANIFEST + ".unreadable"  # an unreadable manifest a rebuild set aside, in a run under saved-edits/
+BACKUPS = "backups"
 FILE_MODE, DIR_MODE = 0o644, 0o755
 
 
@@ -113,6 +115,12 @@ def manifest_from_data(data: object, declared: Iterable[str], patch_ids: Iterabl
         transaction=data.get("transaction"),
         schema=data["schema"],
     )
+
+
+class UnreadableManifest(EnvironmentProblem):
+    """The manifest itself cannot be used (malformed, oversized, not a regular file, a field that breaks a rule),
+    in a state directory that is one: apply and revert rebuild the state from proof
+    (:func:`patch_dsv4.pipeline.commands.rebuild`), status and verify name that repair."""
 
 
 class StateStore:
@@ -202,13 +210,19 @@ class StateStore:
         try:
             data = installed.read_state(str(self.root))
         except installed.Unreadable as exc:
+            if exc.path == MANIFEST:  # the file itself; a state directory that is not one is no state to rebuild
+                raise self._unreadable_manifest(_short(exc)) from None
             raise self.unreadable(_short(exc)) from None
         if data is None:
             return None
         try:
             return manifest_from_data(data, self.declared, self.patch_ids)
         except (ValueError, RecursionError) as exc:  # field errors are ValueErrors
-            raise self.unreadable(f"{MANIFEST}: {_short(exc)}") from None
+            raise self._unreadable_manifest(f"{MANIFEST}: {_short(exc)}") from None
+
+    def _unreadable_manifest(self, why: str) -> UnreadableManifest:
+        problem = self.unreadable(why)
+        return UnreadableManifest(problem.what, problem.why, problem.next_step)
 
     def remove_legacy(self) -> bool:
         """Remove the files older versions kept in the state and this one reads nowhere (:data:`LEGACY`), whatever
@@ -331,6 +345,59 @@ class StateStore:
             if not directory.create_new(parts[-1], data, owner):
                 raise EnvironmentProblem(f"cannot save {relpath}", f"{directory.path / parts[-1]} exists already")
         return self.dir_path / SAVED_EDITS / run / relpath
+
+    def backup_entries(self) -> dict[str, bool]:
+        """Every entry under backups/ (its path there -> whether it is a regular file), whatever the manifest says:
+        a link, a FIFO or the like is named, never followed or opened; real directories are walked (a link to one
+        is an entry); a killed writer's temp files are left out (recovery removes them)."""
+        state = self.state_dir()
+        if state is None:
+            return {}
+        with state:
+            try:
+                top = state.child(BACKUPS) if state.lstat(BACKUPS) is not None else None
+            except UnsafePath as exc:
+                raise self.unreadable(exc.why or exc.what) from None
+        if top is None:
+            return {}
+        found: dict[str, bool] = {}
+        pending: list[tuple[Dir, tuple[str, ...]]] = [(top, ())]
+        try:
+            while pending:  # not recursive: a hostile tree of directories nests deeper than Python recurses
+                directory, prefix = pending.pop()
+                with directory:
+                    for name in directory.names():
+                        st = directory.lstat(name)
+                        if st is None or is_temp_name(name):
+                            continue
+                        if stat.S_ISDIR(st.st_mode):
+                            pending.append((directory.child(name), (*prefix, name)))
+                        else:
+                            found["/".join((*prefix, name))] = stat.S_ISREG(st.st_mode)
+        finally:
+            for directory, _ in pending:
+                directory.close()
+        return dict(sorted(found.items()))
+
+    def keep_aside(self, manifest: bool, backups: Iterable[str]) -> str:
+        """Move the unreadable manifest (``manifest``) and ``backups`` (paths under backups/, as
+        :meth:`backup_entries` names them) into a fresh run under saved-edits/, which nothing removes: the manifest
+        as manifest.json.unreadable, each backup at its path under backups/ there. The run's path under the site
+        directory."""
+        run = self.new_saved_edits_run()
+        state = self.state_dir()
+        with state:
+            kept = state.walk_to((SAVED_EDITS, run))
+            with kept:
+                if manifest:
+                    state.move_to(MANIFEST, kept, UNREADABLE)
+                for relpath in backups:
+                    parts = tuple(relpath.split("/"))
+                    source = state.walk_to((BACKUPS, *parts[:-1]))
+                    dest = kept.walk_to((BACKUPS, *parts[:-1]), DIR_MODE, self.dir_owner)
+                    with source, dest:
+                        source.move_to(parts[-1], dest, parts[-1])
+        return f"{STATE_DIR}/{SAVED_EDITS}/{run}/"
 
     def clear_staged(self) -> None:
         state = self.state_dir()
