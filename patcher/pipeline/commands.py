@@ -62,14 +62,15 @@ def status(env: Environment, command: str = "status", lock_timeout: float = 300.
         snapshot = read_snapshot(env, store, patches, None if lost else True, lost=lost)
         judged = judge_state(snapshot)
         refuse(judged.refusal)
-        notes = []
+        notes, rebuilt = [], set()
         if lost is not None:  # said as the next apply or revert will do it: the plan they make, nothing fetched
             proofs = judge_rebuild(with_wheel(snapshot, fetch=False), judged)
             rebuild = plan_rebuild(snapshot, proofs, "status")
             if lost.unreadable:  # never a report of a state that cannot be read (verify: never a pass)
                 raise unreadable_state(snapshot, rebuild)
             notes = [note for note in (lost_note(snapshot, rebuild),) if note]
-        return status_report(snapshot, judged, command, asked, notes)
+            rebuilt = set(rebuild.manifest.files) if rebuild.manifest is not None else set()
+        return status_report(snapshot, judged, command, asked, notes, rebuilt)
 
 
 def verify(env: Environment, lock_timeout: float = 300.0, on_wait=None, with_=None) -> Report:

@@ -462,11 +462,13 @@ def _sources(state: Snapshot, rebuild: Rebuild) -> str:
     return ", ".join(dict.fromkeys(parts))
 
 
-def _kept(rebuild: Rebuild, where: str) -> str:
+def _kept(rebuild: Rebuild, where: str, later: bool = False) -> str:
+    """What a rebuild sets aside, and where (``later``: said before it is done, by status or a dry run)."""
     what = ["the unreadable manifest"] if rebuild.lost.unreadable else []
     if rebuild.keep:
         what.append(f"{len(rebuild.keep)} backup(s) that are not their file's bytes")
-    return f"; {' and '.join(what)} kept in {where}" if what else ""
+    kept = "to be kept" if later else "kept"
+    return f"; {' and '.join(what)} {kept} in {where}" if what else ""
 
 
 def _proven(state: Snapshot, rebuild: Rebuild) -> str:
@@ -485,11 +487,13 @@ def rebuilt_note(state: Snapshot, rebuild: Rebuild, kept_in: str = "", dry_run: 
         files = len(rebuild.manifest.files)
         return (
             f"{rebuilt} the state ({files} file(s), vLLM {state.env.vllm_version}): {_proven(state, rebuild)}"
-            f"{_kept(rebuild, where)}"
+            f"{_kept(rebuild, where, dry_run)}"
         )
     if not lost.present:
         return ""
-    return f"{removed} {STATE_DIR}/ without a manifest: no file carries patch-dsv4's edits{_kept(rebuild, where)}"
+    return (
+        f"{removed} {STATE_DIR}/ without a manifest: no file carries patch-dsv4's edits{_kept(rebuild, where, dry_run)}"
+    )
 
 
 def lost_note(state: Snapshot, rebuild: Rebuild) -> str:
@@ -509,13 +513,13 @@ def lost_note(state: Snapshot, rebuild: Rebuild) -> str:
             "(where pip cannot fetch it, it refuses: reinstall vLLM)"
         )
     if rebuild.manifest is not None:
-        return f"{lead} rebuilds it: {_proven(state, rebuild)}{_kept(rebuild, f'{STATE_DIR}/{SAVED_EDITS}/')}"
+        return f"{lead} rebuilds it: {_proven(state, rebuild)}{_kept(rebuild, f'{STATE_DIR}/{SAVED_EDITS}/', True)}"
     if not lost.present:
         return ""
     return (
         f"an apply was interrupted before it changed a file: {STATE_DIR}/ holds what it prepared, which the next "
         "apply or revert removes (nothing else to do: the files are as this report says)"
-        f"{_kept(rebuild, f'{STATE_DIR}/{SAVED_EDITS}/')}"
+        f"{_kept(rebuild, f'{STATE_DIR}/{SAVED_EDITS}/', True)}"
     )
 
 
@@ -528,7 +532,8 @@ def unreadable_state(state: Snapshot, rebuild: Rebuild) -> EnvironmentProblem:
         why += f"; apply cannot rebuild it: {rebuild.unproven or rebuild.refusal.why}"
         repair = rebuild.refusal.next_step or repair
     elif rebuild.fetch:
-        repair += f" (rebuilds it with pip's bytes from the vllm=={env.vllm_version} wheel, which it fetches)"
+        wheel = f"the vllm=={env.vllm_version} wheel"
+        repair += f" (rebuilds it with pip's bytes from {wheel}, which it fetches; it refuses where pip cannot)"
     elif rebuild.manifest is not None:
         repair += f" (rebuilds it with pip's bytes from {_sources(state, rebuild)})"
     else:
