@@ -326,6 +326,54 @@ def test_a_lost_state_sets_aside_backups_of_files_no_patch_edits_or_not_in_recor
     assert _patched_files(tree) == [] and (tree / "vllm" / "__init__.py").read_bytes() == pristine_init
 
 
+def test_a_lost_state_walks_only_the_way_to_the_files_patches_edit(applied, cli):
+    """Under backups/, a tree of directories deeper than Python recurses and wider than a process may hold open,
+    where no patch edits a file: each top directory is one entry, moved aside whole, never walked."""
+    tree, outside = applied
+    backups = tree / ".patch-dsv4" / "backups"
+    deep = backups / "vllm" / "deep"
+    deep.mkdir()
+    fd = os.open(deep, os.O_RDONLY)
+    try:
+        for _ in range(1500):  # made relative to each new directory: no path grows past PATH_MAX
+            os.mkdir("d", dir_fd=fd)
+            child = os.open("d", os.O_RDONLY, dir_fd=fd)
+            os.close(fd)
+            fd = child
+    finally:
+        os.close(fd)
+    wide = backups / "vllm" / "models" / "wide"
+    for index in range(2000):
+        (wide / str(index)).mkdir(parents=True)
+    (tree / MANIFEST).unlink()
+    outside_before = _snapshot(outside)
+    try:
+        result = cli("apply", "--site-packages", tree, "--json")
+        assert result.code == 0, result.stderr
+        note = result.json()["notes"][0]
+        assert "2 backup(s) that are not their file's bytes kept in .patch-dsv4/saved-edits/" in note
+        (run,) = (tree / ".patch-dsv4" / "saved-edits").iterdir()
+        assert (run / "backups" / "vllm" / "deep" / "d" / "d").is_dir() and not deep.exists()
+        assert len(list((run / "backups" / "vllm" / "models" / "wide").iterdir())) == 2000
+        assert sorted(json.loads((tree / MANIFEST).read_text())["files"]) == _patched_files(tree)
+        assert _snapshot(outside) == outside_before
+        assert cli("verify", "--site-packages", tree).code == 0
+    finally:  # shutil.rmtree recurses: the fixture could not remove it
+        for top in (deep, *(tree / ".patch-dsv4" / "saved-edits").glob("*/backups/vllm/deep")):
+            _remove_chain(top)
+
+
+def _remove_chain(top: Path) -> None:
+    """Remove a chain of directories named "d" below ``top``, one level a step (no recursion, short paths)."""
+    while (top / "d").is_dir():
+        if (top / "d" / "d").is_dir():
+            os.rename(top / "d" / "d", top / "next")
+            os.rmdir(top / "d")
+            os.rename(top / "next", top / "d")
+        else:
+            os.rmdir(top / "d")
+
+
 def test_lock_path_that_is_a_symlink(make_tree, cli, tmp_path):
     tree = make_tree("0.30.0")
     victim = tmp_path / "victim"

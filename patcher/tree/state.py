@@ -244,21 +244,32 @@ class StateStore:
             return state.lstat(MANIFEST) is not None
 
     def remove_stray_temps(self) -> None:
-        """Temp files a killed writer left anywhere in the state directory (all of it is ours)."""
+        """Temp files a killed writer left where our writers write: the state directory itself, and the directories
+        on the way to a file the patches edit under backups/, staged/ and each run under saved-edits/. Nothing else
+        is walked, so that a hostile tree there costs nothing; links are never followed, one directory is open at a
+        time."""
         state = self.state_dir()
-        if state is not None:
-            self._remove_temps(state)
+        if state is None:
+            return
+        with state:
+            bases = [(), (BACKUPS,), ("staged",)]
+            if _is_dir(state.lstat(SAVED_EDITS)):
+                with state.child(SAVED_EDITS) as saved:
+                    bases += [(SAVED_EDITS, run) for run in saved.names() if _is_dir(saved.lstat(run))]
+            prefixes = sorted(self._on_the_way())
+            for base in bases:
+                for prefix in prefixes:
+                    directory = _real_dir(state, (*base, *prefix))
+                    if directory is None:
+                        continue
+                    with directory:
+                        for name in directory.names():
+                            if is_temp_name(name) and stat.S_ISREG(getattr(directory.lstat(name), "st_mode", 0)):
+                                directory.unlink(name)
 
-    def _remove_temps(self, directory: Dir) -> None:
-        with directory:
-            for name in directory.names():
-                st = directory.lstat(name)
-                if st is None:
-                    continue
-                if stat.S_ISDIR(st.st_mode):
-                    self._remove_temps(directory.child(name))
-                elif stat.S_ISREG(st.st_mode) and is_temp_name(name):
-                    directory.unlink(name)
+    def _on_the_way(self) -> set[tuple[str, ...]]:
+        """Each directory on the way to a file the patches edit, as parts below a copy's top (() for the top)."""
+        return {tuple(rel.split("/")[:depth]) for rel in self.declared for depth in range(rel.count("/") + 1)}
 
     def holds_more_than_saved_edits(self) -> bool:
         """Whether the state directory holds anything but saved local edits (which never make a state)."""
@@ -348,8 +359,10 @@ class StateStore:
 
     def backup_entries(self) -> dict[str, bool]:
         """Every entry under backups/ (its path there -> whether it is a regular file), whatever the manifest says:
-        a link, a FIFO or the like is named, never followed or opened; real directories are walked (a link to one
-        is an entry); a killed writer's temp files are left out (recovery removes them)."""
+        a link, a FIFO or the like is named, never followed or opened. Only the directories on the way to a file the
+        patches edit are walked, one open at a time; any other directory (a link to one too) is one entry, moved
+        aside whole, so that a hostile tree costs no more than the declared paths. A killed writer's temp files are
+        left out (recovery removes them)."""
         state = self.state_dir()
         if state is None:
             return {}
@@ -360,23 +373,24 @@ class StateStore:
                 raise self.unreadable(exc.why or exc.what) from None
         if top is None:
             return {}
+        on_the_way = self._on_the_way()
         found: dict[str, bool] = {}
-        pending: list[tuple[Dir, tuple[str, ...]]] = [(top, ())]
-        try:
-            while pending:  # not recursive: a hostile tree of directories nests deeper than Python recurses
-                directory, prefix = pending.pop()
+        with top:
+            pending: list[tuple[str, ...]] = [()]
+            while pending:
+                prefix = pending.pop()
+                directory = top.walk_to(prefix)
+                if directory is None:
+                    continue
                 with directory:
                     for name in directory.names():
                         st = directory.lstat(name)
                         if st is None or is_temp_name(name):
                             continue
-                        if stat.S_ISDIR(st.st_mode):
-                            pending.append((directory.child(name), (*prefix, name)))
+                        if stat.S_ISDIR(st.st_mode) and (*prefix, name) in on_the_way:
+                            pending.append((*prefix, name))
                         else:
                             found["/".join((*prefix, name))] = stat.S_ISREG(st.st_mode)
-        finally:
-            for directory, _ in pending:
-                directory.close()
         return dict(sorted(found.items()))
 
     def keep_aside(self, manifest: bool, backups: Iterable[str]) -> str:
@@ -581,3 +595,22 @@ class StateStore:
 def _short(exc: BaseException) -> str:
     text = str(exc) if not isinstance(exc, RecursionError) else "nested too deeply"
     return text if len(text) <= 160 else text[:157] + "..."
+
+
+def _is_dir(st: os.stat_result | None) -> bool:
+    return st is not None and stat.S_ISDIR(st.st_mode)
+
+
+def _real_dir(top: Dir, parts: tuple[str, ...]) -> Dir | None:
+    """The real directory at ``parts`` below ``top``, or None where a part is missing or not a real directory (a
+    link is never followed): where nothing of ours can be."""
+    current = Dir(os.dup(top.fd), top.path)
+    for part in parts:
+        with current:
+            if not _is_dir(current.lstat(part)):
+                return None
+            nxt = current.child(part)
+        if nxt is None:
+            return None
+        current = nxt
+    return current
