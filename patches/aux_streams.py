@@ -24,12 +24,13 @@ is set when the model is built; otherwise the streams are created as before. App
 
 Not fixed upstream in vLLM 0.28.0-0.34.0 nor in exllamav3 1.4.0-1.6.5.
 
-What the probes check, whatever the code is called: the defect is that the
-`__init__` builds the streams whatever the user asks; the fix is that
-`aux_stream_list` is None on one arm of a test that reads a setting (vllm.envs,
-the environment), in a conditional expression, an `if` statement, or a helper
-the `__init__` calls (followed through the shared facility). A setting that only
-sets how many streams there are, or a test of the platform, is no fix.
+What the probes check, through the evaluator (patcher/patching/evaluate), whatever
+the code is called: `__init__` runs under every combination of the settings it
+reads (vllm.envs, the environment; through the helpers it calls): unset, "0" or
+"1". The defect: it builds the streams whatever they say. The fix: a name that
+holds a list of CUDA streams under one combination holds None under another. A
+setting that only sets how many streams there are, or a test of the platform, is
+no fix.
 """
 
 from __future__ import annotations
@@ -39,9 +40,10 @@ import ast
 from patch_dsv4.output.verdicts import Outcome, Verdict
 from patch_dsv4.patches import miaai_kit
 from patch_dsv4.patches._v41 import in_layouts
-from patch_dsv4.patching.edits import ForeignEdit, ReplaceStatements, Variant, mentions_injected
+from patch_dsv4.patching.edits import ForeignEdit, NotProven, ReplaceStatements, Variant, mentions_injected
+from patch_dsv4.patching.evaluate import Evaluator, cases
+from patch_dsv4.patching.evaluate.values import NONE, Inst, Made, Repeated, Seq, V, is_none, options
 from patch_dsv4.patching.fingerprint import find_scope
-from patch_dsv4.patching.follow import Follower
 from patch_dsv4.patching.patch import Context, Example, Patch, Scope
 
 MODEL = "vllm/models/deepseek_v4/nvidia/model.py"
@@ -83,66 +85,75 @@ def _aux_stream_assignments(scope: ast.AST) -> list[ast.Assign]:
     ]
 
 
-def _reads_a_setting(node: ast.AST) -> bool:
-    """Whether an expression reads a setting a user can change: vllm.envs, os.environ or os.getenv."""
-    text = ast.unparse(node)
-    return "envs." in text or "environ" in text or "getenv" in text
+STREAM = "torch.cuda.Stream"
 
 
-def _is_none(node: ast.AST | None) -> bool:
-    return node is None or (isinstance(node, ast.Constant) and node.value is None)
+def _makes_streams(value: V) -> bool:
+    """A list of CUDA streams (made by a comprehension or a display), on every path."""
+
+    def streams(option: V) -> bool:
+        if isinstance(option, Made):
+            return option.kind == f"list of {STREAM}"
+        items = option.items if isinstance(option, Seq) else (option.item,) if isinstance(option, Repeated) else ()
+        return bool(items) and all(isinstance(i, Made) and i.kind == STREAM for i in items)
+
+    return all(streams(o) for o in options(value))
 
 
-def _none_on_a_setting_arm(expr: ast.AST | None) -> bool:
-    """``None if <setting> else ...`` (or the other way round): None on one arm of a test that reads a setting."""
-    return (
-        isinstance(expr, ast.IfExp) and _reads_a_setting(expr.test) and (_is_none(expr.body) or _is_none(expr.orelse))
-    )
+def _streams_off_by_a_setting(ctx: Context, file: str, cls: str) -> tuple[str | None, str]:
+    """Evidence that ``cls.__init__`` makes no streams when a setting says so: (evidence or None, why not).
 
-
-def _none_under_a_setting(func: ast.AST) -> ast.expr | None:
-    """The test of a setting under which a helper that makes the streams returns None: an ``if`` one of whose
-    arms returns None, or a returned ``None if <setting> else ...``."""
-    for node in ast.walk(func):
-        if isinstance(node, ast.If) and _reads_a_setting(node.test):
-            for arm in (node.body, node.orelse):
-                if any(isinstance(stmt, ast.Return) and _is_none(stmt.value) for stmt in arm):
-                    return node.test
-        if isinstance(node, ast.Return) and _none_on_a_setting_arm(node.value):
-            return node.value.test
-    return None
-
-
-def _streams_off_by_a_setting(ctx: Context, file: str, cls: str, scope: ast.AST) -> str | None:
-    """Evidence that ``scope`` (an ``__init__`` that builds the streams) makes none when a setting says so.
-
-    ``aux_stream_list`` is None on one arm of a test that reads a setting: a conditional expression, an ``if``
-    statement, or a helper it calls (followed through the shared facility) that returns None under such a test
-    (or returns such a conditional expression). A setting that only changes how many streams there are, or a
-    test of something else (``current_platform.is_rocm()``), is no evidence: the streams are still made.
+    ``__init__`` runs under every combination of the settings it reads (through the calls it makes): unset, "0"
+    or "1" (``vllm.envs``: False, True). The fix: a name that holds a list of CUDA streams under one combination
+    holds None under another. A setting that only changes how many streams there are, or a test of something
+    else (``current_platform.is_rocm()``), is no fix: the streams are made whatever the user asks.
     """
-    for node in ast.walk(scope):
-        if isinstance(node, ast.If) and _reads_a_setting(node.test):
-            for arm in (node.body, node.orelse):
-                for stmt in arm:
-                    if _aux_stream_assignments(stmt) == [stmt] and _is_none(stmt.value):
-                        return f"aux_stream_list is None on one arm of `if {ast.unparse(node.test)}`"
-    for node in _aux_stream_assignments(scope):
-        value = node.value
-        if _none_on_a_setting_arm(value):
-            return f"aux_stream_list = {ast.unparse(value)}"
-        if isinstance(value, ast.Call):  # only then is anything beyond this file read
-            follower = Follower(ctx)
-            start = follower.function(file, cls, "__init__")
-            callees = follower.callees(follower.frame(start), value) if start is not None else []
-            for callee in callees:
-                test = _none_under_a_setting(callee.node)
-                if test is not None:
-                    helper = f"{callee.defn.file}: {callee.defn.qualname}"
-                    return (
-                        f"aux_stream_list = {ast.unparse(value)}, and {helper} returns None on one arm of "
-                        f"`{ast.unparse(test)}`"
-                    )
+    ev = Evaluator.of(ctx)
+    owner = ev.follower.class_def(file, cls)
+    init = ev.follower.method(owner, "__init__") if owner is not None else None
+    if init is None:
+        return None, f"{cls}.__init__ not found in {file}"
+    # once with every setting unknown: the names that hold streams, and whether any may hold None instead (only
+    # what may change the constructor's own names runs)
+    local = {t.id for node in ast.walk(init.node) if isinstance(node, ast.Assign) for t in node.targets
+             if isinstance(t, ast.Name)}  # fmt: skip
+    first = ev.run(init, self_value=Inst(owner), focus=local, lazy=True)
+    holders = {}
+    for name, value in first.exit.items():
+        if "." not in name and not name.startswith("<"):
+            found = first.force(value, final=True)
+            if any(_makes_streams(o) for o in options(found)):
+                holders[name] = found
+    if not holders:
+        return None, f"{cls}.__init__ keeps no list of streams in a name"
+    if not any(is_none(o) for value in holders.values() for o in options(value)):
+        return None, f"{', '.join(sorted(holders))} holds streams on every path of {cls}.__init__"
+    read = first.settings_read
+    if not read:
+        return None, f"{cls}.__init__ reads no setting"
+    values = {case: ev.run(init, case, self_value=Inst(owner), focus=set(holders)) for case in
+              cases.settings_cases(read)}  # fmt: skip
+    for name in sorted(holders):
+        off = [c for c, run in values.items() if is_none(run.force(run.exit.get(name, NONE)))]
+        on = [c for c, run in values.items() if _makes_streams(run.force(run.exit.get(name, NONE)))]
+        if off and on:
+            evidence = f"{name} is None when {off[0]}, a list of streams when {on[0]}"
+            helper = _helper_making(ev, init, name)
+            if helper is not None:
+                evidence += f"; {helper.file}: {helper.qualname} returns None when {off[0]}"
+            return evidence, ""
+    return None, f"{cls}.__init__ makes its streams whatever the settings it reads ({', '.join(sorted(read))}) say"
+
+
+def _helper_making(ev: Evaluator, init, name: str):
+    """The vLLM function whose result ``init`` assigns to ``name``, where one does."""
+    frame = ev.follower.frame(init)
+    for node in ast.walk(init.node):
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
+            if any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+                callees = ev.follower.callees(frame, node.value)
+                if callees:
+                    return callees[0].defn
     return None
 
 
@@ -153,12 +164,14 @@ def _upstream_switch(file: str, cls: str):
     nightlies have) is not the fix: the streams are still built on CUDA whatever the user asks.
     """
 
-    def probe(ctx: Context, tree: ast.Module | None) -> Outcome | None:
+    def probe(ctx: Context, tree: ast.Module | None) -> Outcome | NotProven | None:
         init = find_scope(tree, cls, "__init__") if tree is not None else None
-        if init is None or mentions_injected(init):
-            return None
-        evidence = _streams_off_by_a_setting(ctx, file, cls, init)
-        return Outcome.upstream(f"{file}: {cls}.__init__ makes no streams when asked: {evidence}") if evidence else None
+        if tree is None or (init is not None and mentions_injected(init)):
+            return None  # ours: the anchors tell applied from modified
+        evidence, why = _streams_off_by_a_setting(ctx, file, cls)
+        if evidence:
+            return Outcome.upstream(f"{file}: {cls}.__init__ makes no streams when asked: {evidence}")
+        return NotProven(why)
 
     return probe
 

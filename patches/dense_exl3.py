@@ -50,8 +50,18 @@ from __future__ import annotations
 import ast
 
 from patch_dsv4.output.verdicts import Outcome, Verdict
-from patch_dsv4.patching.edits import ForeignEdit, ReplaceStatements, Variant, injected_names, mentions_injected
-from patch_dsv4.patching.follow import Follower, Frame, Path, calls_in
+from patch_dsv4.patching.edits import (
+    ForeignEdit,
+    NotProven,
+    ReplaceStatements,
+    Variant,
+    injected_names,
+    mentions_injected,
+)
+from patch_dsv4.patching.evaluate import Evaluator, built_with, callee, cases, guarded_by
+from patch_dsv4.patching.evaluate.interpret import Event
+from patch_dsv4.patching.evaluate.values import NONE, Inst, Reach, describe, one_of, options
+from patch_dsv4.patching.follow import Follower, Frame
 from patch_dsv4.patching.patch import Context, Example, Patch, Scope
 
 COMPRESSOR = "vllm/models/deepseek_v4/compressor.py"
@@ -261,16 +271,26 @@ LNA_COMPRESSOR = ForeignEdit(
 )
 
 
-def _upstream_compressor_config(ctx: Context, tree: ast.Module | None) -> Outcome | None:
+QUANT_OWN = injected_names(*(v.replacement for v in QUANT_VARIANTS))
+
+
+def _upstream_compressor_config(ctx: Context, tree: ast.Module | None) -> Outcome | NotProven | None:
+    """Upstream where ``DeepseekCompressor.__init__``, for an EXL3 pack that quantizes the compressor, builds
+    fused_wkv_wgate with the pack's quant config (every class it may build, every path)."""
     scope = ctx.scope(COMPRESSOR, "DeepseekCompressor", "__init__") if tree is not None else None
-    if scope is None:
+    if scope is None or mentions_injected(scope, QUANT_OWN):
         return None
-    for value in _fused_wkv_wgate_quant_configs(scope):
-        if mentions_injected(value):
-            return None
-        if not (isinstance(value, ast.Constant) and value.value is None):
-            return Outcome.upstream(f"DeepseekCompressor passes quant_config={ast.unparse(value)} to fused_wkv_wgate")
-    return None
+    ev = Evaluator.of(ctx)
+    built = built_with(ev, ev.follower.class_def(COMPRESSOR, "DeepseekCompressor"), "fused_wkv_wgate", cases.EXL3_PACK)
+    wanted = cases.EXL3_PACK.role("vllm_config").attr("quant_config")  # type: ignore[union-attr]
+    given = [one_of(*options(b.get("quant_config", NONE))) for b in built]
+    if built and all(g == wanted for g in given):
+        return Outcome.upstream(
+            f"{COMPRESSOR}: DeepseekCompressor.__init__ builds fused_wkv_wgate with the pack's quant config for "
+            f"{cases.EXL3_PACK}"
+        )
+    found = ", ".join(describe(g) for g in given) or "no construction found"
+    return NotProven(f"DeepseekCompressor.__init__ builds fused_wkv_wgate with quant_config {found} for an EXL3 pack")
 
 
 # -- E(b): the EXL3 O projection, at the one call site every NVIDIA class inherits -----------------------
@@ -291,15 +311,33 @@ O_PROJ_VARIANTS = (_o_proj_variant("o", "0.28.0-0.30.0"), _o_proj_variant("attn_
 O_PROJ_OWN = injected_names(*(v.replacement for v in O_PROJ_VARIANTS))
 
 
-def _upstream_exl3_wo_a(ctx: Context, tree: ast.Module | None) -> Outcome | None:
-    """vLLM handles an EXL3 wo_a itself: its forward or the shared O-projection op knows _exl3_linears."""
+def _o_proj_call(call: ast.Call, _args) -> bool:
+    """The attention's O projection: ``self._o_proj(...)``, the call the edit guards."""
+    receiver, name = callee(call)
+    return receiver is not None and name == "_o_proj"
+
+
+def _upstream_exl3_wo_a(ctx: Context, tree: ast.Module | None) -> Outcome | NotProven | None:
+    """Upstream where ``DeepseekV4Attention.forward`` keeps an EXL3 wo_a (no ``.weight``) from the O projection
+    that reads its weight, and sends BF16 and FP8 ones to it: ``guarded_by(forward, _o_proj, allowed=BF16 and
+    FP8, forbidden=EXL3)``."""
     forward = ctx.scope(ATTENTION, ATTENTION_CLASS, "forward") if tree is not None else None
-    if forward is not None and not mentions_injected(forward, O_PROJ_OWN) and "_exl3_linears" in ast.unparse(forward):
-        return Outcome.upstream(f"{ATTENTION}: {ATTENTION_CLASS}.forward handles a wo_a with _exl3_linears")
-    op = ctx.scope(O_PROJ_OP, None, "deep_gemm_fp8_o_proj")
-    if op is not None and "_exl3_linears" in ast.unparse(op):
-        return Outcome.upstream(f"{O_PROJ_OP}: deep_gemm_fp8_o_proj handles a wo_a with _exl3_linears")
-    return None
+    if tree is None or (forward is not None and mentions_injected(forward, O_PROJ_OWN)):
+        return None
+    ev = Evaluator.of(ctx)
+    owner = ev.follower.class_def(ATTENTION, ATTENTION_CLASS)
+    start = ev.follower.method(owner, "forward") if owner is not None else None  # a base's or a mixin's too
+    if start is None:
+        return None
+    guard = guarded_by(ev, start, _o_proj_call, (cases.WO_A_BF16, cases.WO_A_FP8), (cases.WO_A_EXL3,),
+                       bind={"self.wo_a": "wo_a"}, self_value=Inst(owner))  # fmt: skip
+    raised = guard.runs[cases.WO_A_EXL3].of("raises")  # kept from _o_proj by a crash is no fix
+    if guard.proven and not raised:
+        return Outcome.upstream(
+            f"{ATTENTION}: {ATTENTION_CLASS}.forward keeps a wo_a without .weight (EXL3) from _o_proj, which "
+            "BF16 and FP8 ones take"
+        )
+    return NotProven(raised[0].text if raised else guard.failure())
 
 
 # -- F: the compressor scores ----------------------------------------------------------------------------
@@ -376,31 +414,29 @@ return torch.mm(input_, self.weight.T, out_dtype=torch.float32)
 KV_SCORE_OWN = injected_names(KV_SCORE_VARIANT.replacement)
 
 
-def _is_dispatch(call: ast.Call) -> bool:
+def _is_dispatch(call: ast.Call, _args=None) -> bool:
     """``<layer>.quant_method.apply(...)``: the linear hands its work to its quant method (EXL3's, for a pack)."""
-    func = call.func
-    return isinstance(func, ast.Attribute) and func.attr == "apply" and ast.unparse(func.value).endswith("quant_method")
+    receiver, name = callee(call)
+    return name == "apply" and receiver is not None and receiver.rsplit(".", 1)[-1] == "quant_method"
 
 
-def _forward_path(follower: Follower, start: Frame) -> tuple[list[tuple[Path, ast.AST]], list[Path]]:
-    """Every ``.weight`` read on the calls from ``start`` (as (path, node)), and the paths that reach a
-    ``quant_method.apply`` dispatch (not followed further: what the quant method does is the pack's)."""
-    reads, dispatches = [], []
-    for path in follower.walk(start, follow=lambda _frame, call: not _is_dispatch(call)):
-        for node in ast.walk(path.frame.node):
-            if isinstance(node, ast.Attribute) and node.attr == "weight" and isinstance(node.ctx, ast.Load):
-                reads.append((path, node))
-            elif isinstance(node, ast.Call) and ast.unparse(node.func) == "getattr" and len(node.args) >= 2:
-                if isinstance(node.args[1], ast.Constant) and node.args[1].value == "weight":
-                    reads.append((path, node))
-        if any(_is_dispatch(call) for call in calls_in(path.frame.node)):
-            dispatches.append(path)
-    return reads, dispatches
+def _exl3_forward(ctx: Context, cls, forward) -> tuple[list[Event], list[Event]]:
+    """``forward`` of ``cls`` run for an EXL3 linear (no ``.weight``, its shards, its quant method): the reads of
+    what it lacks (each with the calls followed to it), and the calls that hand the work to its quant method (not
+    followed further: what the quant method does is the pack's)."""
+    run = Evaluator.of(ctx).run(forward, self_value=Inst(cls, cases.EXL3_LINEAR), sink=_is_dispatch)
+    return run.of("raises"), [e for e in run.of("sink") if e.reach is not Reach.NO]
 
 
-def _read_where(path: Path, node: ast.AST, caller: str = "") -> str:
-    """Where a ``.weight`` read is, with the calls followed to it (from ``caller`` when given)."""
-    return f"{caller + ' -> ' if caller else ''}{path.evidence()} reads {ast.unparse(node)} (line {node.lineno})"
+def _read_where(event: Event, caller: str = "") -> str:
+    """Where a read of what an EXL3 linear lacks is, with the calls followed to it (from ``caller`` when given)."""
+    text = event.text.split(" (", 1)[0]  # "reads self.weight"
+    return f"{caller + ' -> ' if caller else ''}{event.where.evidence()} {text} (line {event.where.line})"
+
+
+def _first(frame: Frame) -> str:
+    params = [a.arg for a in frame.defn.node.args.args]  # type: ignore[union-attr]
+    return params[0] if params else "self"
 
 
 def _is_kv_score_forward(defn) -> bool:
@@ -422,18 +458,19 @@ def _module_call_outcome(ctx: Context, closure: str, module: str, calls: list[as
             found=found,
         )
     readers, silent, dispatchers = [], [], []
-    for start in forwards:
-        reads, dispatches = _forward_path(follower, start)
+    for start in forwards:  # each class the module may be, its forward run for an EXL3 linear
+        built = next((v.defn for v in start.names.get(_first(start), []) if v.instance), start.defn.owner)
+        reads, dispatches = _exl3_forward(ctx, built, start.defn)
         if reads:
             readers += reads
         elif dispatches:
             dispatchers += dispatches
         else:
             silent.append(start)
-    uncovered = [(path, node) for path, node in readers if not _is_kv_score_forward(path.frame.defn)]
+    uncovered = [event for event in readers if not _is_kv_score_forward(event.where.defn)]
     if uncovered or silent:
         what = (
-            _read_where(*uncovered[0], caller)
+            _read_where(uncovered[0], caller)
             if uncovered
             else f"{caller} -> {silent[0].defn.where()} neither reads .weight nor dispatches"
         )
@@ -445,15 +482,15 @@ def _module_call_outcome(ctx: Context, closure: str, module: str, calls: list[as
     if readers:
         return Outcome.not_applicable(
             f"{closure} calls {module}: the .weight read is in {KV_SCORE_CLASS}.forward, judged by the edit there "
-            f"({_read_where(*readers[0], caller)})"
+            f"({_read_where(readers[0], caller)})"
         )
     return Outcome.upstream(
         f"{ATTENTION_CLASS}.{closure} calls {module}, whose forward reads no .weight and hands the work to its "
-        f"quant method: {'; '.join(dict.fromkeys(f'{caller} -> {path.evidence()}' for path in dispatchers))}"
+        f"quant method: {'; '.join(dict.fromkeys(f'{caller} -> {e.where.evidence()}' for e in dispatchers))}"
     )
 
 
-def _kv_score_class_probe(ctx: Context, tree: ast.Module | None) -> Outcome | None:
+def _kv_score_class_probe(ctx: Context, tree: ast.Module | None) -> Outcome | NotProven | None:
     """The projection class's forward: EXL3-ready when no code on its path reads .weight and it dispatches."""
     if tree is None:
         return None
@@ -467,13 +504,13 @@ def _kv_score_class_probe(ctx: Context, tree: ast.Module | None) -> Outcome | No
     forward = follower.method(cls, "forward")
     if forward is None or mentions_injected(forward.node, KV_SCORE_OWN):
         return None
-    reads, dispatches = _forward_path(follower, follower.frame(forward, cls))
+    reads, dispatches = _exl3_forward(ctx, cls, forward)
     if not reads and dispatches:
         return Outcome.upstream(
             f"{KV_SCORE_CLASS}.forward reads no .weight and hands the work to its quant method: "
-            + "; ".join(dict.fromkeys(path.evidence() for path in dispatches))
+            + "; ".join(dict.fromkeys(e.where.evidence() for e in dispatches))
         )
-    return None
+    return NotProven(reads[0].text if reads else f"{KV_SCORE_CLASS}.forward hands no work to a quant method")
 
 
 KV_SCORE_EDIT = ReplaceStatements(
@@ -730,10 +767,15 @@ class DeepseekCompressor(nn.Module):
         after=None,
         verdict=Verdict.FOREIGN,
     ),
+    # the quant config handed over through a helper (followed: its result is the pack's config)
     Example(
         "upstream-quantizes-the-compressor",
         COMPRESSOR,
         before="""\
+def compressor_quant_config(vllm_config, prefix):
+    return vllm_config.quant_config
+
+
 class DeepseekCompressor(nn.Module):
     def __init__(self, vllm_config: VllmConfig, compress_ratio: int, prefix: str = ""):
         self.fused_wkv_wgate = MergedColumnParallelLinear(

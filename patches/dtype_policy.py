@@ -25,13 +25,13 @@ the call one hop further: `_o_proj` calls `self.wo_a.grouped_forward(...)`
 (`DeepseekV4GroupedWoA`, `common/grouped_wo_a.py`), which imports the op inside
 the function and passes itself as `wo_a`.
 
-What the probes check, whatever the code is called: the defect is a call of
-deep-GEMM's `fp8_einsum` (the FP8-only GEMM with block scales) reached from
-`_o_proj` whatever wo_a's dtype; the fix is that every such call, followed
-through the calls that carry the attention's `wo_a` (as a receiver, an argument,
-or the layer holding it: methods of the class `wo_a` is assigned, functions
-imported inside a function, helpers in other modules), runs only on a branch of
-a test of that `wo_a`'s weight dtype against `torch.float8_e4m3fn`.
+What the probes check, through the evaluator (patcher/patching/evaluate), whatever
+the code is called: `guarded_by(_o_proj, fp8_einsum, allowed=wo_a FP8,
+forbidden=wo_a BF16)`. `_o_proj` runs under each case (`self.wo_a` the case's,
+built as the classes vLLM assigns it), following every call that carries it (a
+receiver, an argument, the layer holding it; helpers and flags followed). The
+defect: deep-GEMM's `fp8_einsum` (the FP8-only GEMM with block scales) reached with
+a BF16 `wo_a`. The fix: reached with an FP8 one only, nothing unknown met with BF16.
 """
 
 from __future__ import annotations
@@ -41,9 +41,11 @@ import ast
 from patch_dsv4.output.verdicts import Outcome, Verdict
 from patch_dsv4.patches import miaai_kit
 from patch_dsv4.patches._v41 import in_layouts
-from patch_dsv4.patching.edits import ForeignEdit, ReplaceStatements, Variant
+from patch_dsv4.patching.edits import ForeignEdit, NotProven, ReplaceStatements, Variant
+from patch_dsv4.patching.evaluate import Evaluator, callee, cases, guarded_by, unknowns
+from patch_dsv4.patching.evaluate.predicates import path_frames
+from patch_dsv4.patching.evaluate.values import Inst
 from patch_dsv4.patching.fingerprint import find_scope
-from patch_dsv4.patching.follow import Follower, calls_in
 from patch_dsv4.patching.patch import INJECTED_PREFIX, Context, Example, Patch, Scope
 
 FLASHINFER = "vllm/models/deepseek_v4/nvidia/flashinfer_sparse.py"
@@ -116,6 +118,87 @@ def _patch_dsv4_bf16_o_proj(layer, o, positions):
 # fmt: on
 
 
+#: The FP8-only step: deep-GEMM's grouped einsum with wo_a's block scales (a BF16 wo_a has none).
+FP8_GEMM = "fp8_einsum"
+
+
+def _is_fp8_gemm(call: ast.Call, _args) -> bool:
+    return callee(call)[1] == FP8_GEMM
+
+
+def wo_a_dtype_gate(ctx: Context, file: str, cls: str, method: str = "_o_proj") -> tuple[str | None, str]:
+    """Whether ``cls.method`` of ``file`` keeps the FP8-only GEMM to an FP8 ``wo_a``: (evidence of the fix or
+    None, why not).
+
+    The method runs under the cases ``wo_a FP8`` and ``wo_a BF16`` (``self.wo_a`` is the case's, built as the
+    classes vLLM assigns it), following every call that carries it. The fix: the GEMM reached for FP8 and not for
+    BF16, and nothing unknown met with BF16. No GEMM reached at all: the fix is there only where the method itself
+    takes another path for BF16 than for FP8.
+    """
+    ev = Evaluator.of(ctx)
+    owner = ev.follower.class_def(file, cls)
+    start = ev.follower.method(owner, method) if owner is not None else None
+    if start is None:
+        return None, f"{cls}.{method} not found in {file}"
+    guard = guarded_by(ev, start, _is_fp8_gemm, (cases.WO_A_FP8,), (cases.WO_A_BF16,), bind={"self.wo_a": "wo_a"},
+                       self_value=Inst(owner))  # fmt: skip
+    if guard.proven:
+        site = guard.sites(cases.WO_A_FP8)[0]
+        frames = path_frames(site)
+        tests = guard.deciding(frames)
+        if not tests:
+            return None, f"{site.where.names()} calls {FP8_GEMM}, and no test of wo_a's dtype decides it"
+        middle = [h.callee.qualname for h in site.where.path[:-1]]
+        how = f"through {' -> '.join(middle)}" if middle else "directly"
+        return (
+            # no line numbers: a reformatted release gives the same evidence
+            f"{site.where.defn.file}: {site.where.defn.qualname} runs {FP8_GEMM} only when `{ast.unparse(tests[0])}`,"
+            f" otherwise a BF16 path; {method} reaches it {how}",
+            "",
+        )
+    reached = guard.sites(cases.WO_A_BF16)
+    if reached:
+        site = reached[0]
+        frames = path_frames(site)
+        head = f"{site.where.names()} calls {FP8_GEMM} at line {site.where.line}"
+        tests = guard.deciding(frames)
+        if tests:  # a test of the dtype is there, but its sense lets a BF16 wo_a reach the call
+            return (
+                None,
+                f"{head} on a path a BF16 wo_a takes too: `{ast.unparse(tests[0])}` does not keep it to an FP8 wo_a",
+            )
+        unknown = guard.unknown_tests(cases.WO_A_BF16, frames)
+        return None, f"{head} whatever wo_a's dtype" + (f" (unknown: {unknown[0]})" if unknown else "")
+    found = unknowns(guard.runs[cases.WO_A_BF16])
+    if found:
+        return None, found[0]
+    differs = guard.deciding([start])
+    if differs:
+        return f"{start.where()} branches on wo_a's dtype itself (`{ast.unparse(differs[0])}`)", ""
+    return None, f"no call of {FP8_GEMM} reached from {start.qualname} for an FP8 wo_a"
+
+
+def _upstream_checks_dtype(cls: str, file: str):
+    """Upstream where the code ``cls._o_proj`` reaches runs the FP8-only GEMM only for an FP8 wo_a."""
+
+    def probe(ctx: Context, tree: ast.Module | None) -> Outcome | NotProven | None:
+        if tree is None:
+            return None
+        method = find_scope(tree, cls, "_o_proj")
+        if method is not None and _names_injected(method):
+            return None  # ours: the anchors tell applied from modified
+        # the method as Python finds it (the class, a base, a mixin in another module)
+        evidence, seen = wo_a_dtype_gate(ctx, file, cls)
+        return Outcome.upstream(evidence) if evidence else NotProven(seen)
+
+    return probe
+
+
+def _names_injected(node: ast.AST) -> bool:
+    return any(isinstance(sub, ast.Name) and sub.id.startswith(INJECTED_PREFIX) for sub in ast.walk(node))
+
+
+# -- foreign edits, recognised by their shape (not verdicts) -------------------------------------------
 def _wo_a_weights(node: ast.AST, aliases: frozenset[str]) -> set[str]:
     """The expressions that read ``wo_a``'s weight in ``node``: ``<alias>.weight`` for every expression ``aliases``
     names as the attention's ``wo_a``, and a name bound to it or to ``getattr(<alias>, "weight", ...)`` (MiaAI's kit
@@ -147,188 +230,10 @@ def _compares_wo_a_dtype_with_fp8(node: ast.AST) -> bool:
     return bool(_dtype_tests(node))
 
 
-def _names_injected(node: ast.AST) -> bool:
-    return any(isinstance(sub, ast.Name) and sub.id.startswith(INJECTED_PREFIX) for sub in ast.walk(node))
-
-
 def _calls(node: ast.AST, name: str) -> bool:
     return any(
         isinstance(sub, ast.Call) and isinstance(sub.func, ast.Name) and sub.func.id == name for sub in ast.walk(node)
     )
-
-
-#: Calls that read a module without running its weights (never followed).
-_BUILTIN_CALLS = frozenset({"getattr", "hasattr", "isinstance", "setattr", "type", "id", "len", "print"})
-#: The FP8-only step: deep-GEMM's grouped einsum with wo_a's block scales (a BF16 wo_a has none).
-FP8_GEMM = "fp8_einsum"
-
-
-def _branches_on_dtype(func: ast.AST, aliases: frozenset[str], call: ast.Call) -> ast.Compare | None:
-    """The test of wo_a's dtype that lets ``call`` (in ``func``) run only for an FP8 ``wo_a``: an ``if`` (or
-    conditional expression) around it, or before it with a ``return``, whose test is the comparison or a flag bound
-    to it, read with its sense: ``call`` must sit on the arm the test takes only when the dtype is FP8 (``==`` true,
-    ``!=`` false, ``not``, ``and``/``or`` and flags followed). A branch on the dtype that lets ``call`` run for a BF16
-    ``wo_a`` is no gate."""
-    tests = _dtype_tests(func, aliases)
-    if not tests:
-        return None
-    flags: dict[str, list[ast.expr]] = {}
-    for sub in ast.walk(func):
-        if isinstance(sub, ast.Assign) and any(t in tests for t in ast.walk(sub.value)):
-            for target in sub.targets:
-                if isinstance(target, ast.Name):
-                    flags.setdefault(target.id, []).append(sub.value)
-
-    def fp8_when(expr: ast.expr, value: bool, depth: int = 0) -> bool:
-        """Whether ``expr`` evaluating to ``value`` implies that wo_a's weight is FP8."""
-        if depth > 8:
-            return False
-        if isinstance(expr, ast.Compare) and expr in tests and len(expr.ops) == 1:
-            op = expr.ops[0]
-            if isinstance(op, (ast.Eq, ast.Is)):
-                return value
-            if isinstance(op, (ast.NotEq, ast.IsNot)):
-                return not value
-            return False
-        if isinstance(expr, ast.Name) and expr.id in flags:
-            return all(fp8_when(bound, value, depth + 1) for bound in flags[expr.id])
-        if isinstance(expr, ast.UnaryOp) and isinstance(expr.op, ast.Not):
-            return fp8_when(expr.operand, not value, depth + 1)
-        if isinstance(expr, ast.BoolOp):
-            parts = [fp8_when(v, value, depth + 1) for v in expr.values]
-            if isinstance(expr.op, ast.And):  # true: every part true; false: some part false
-                return any(parts) if value else all(parts)
-            return all(parts) if value else any(parts)  # or: true: some part true; false: every part false
-        return False
-
-    def holds(arm) -> bool:
-        nodes = arm if isinstance(arm, list) else [arm]
-        return any(n is call for node in nodes for n in ast.walk(node))
-
-    def returns(arm) -> bool:
-        return any(isinstance(n, ast.Return) for node in arm for n in ast.walk(node))
-
-    for sub in ast.walk(func):
-        if not isinstance(sub, (ast.If, ast.IfExp)):
-            continue
-        if holds(sub.body) and fp8_when(sub.test, True):
-            return tests[0]
-        if holds(sub.orelse) and fp8_when(sub.test, False):
-            return tests[0]
-        if isinstance(sub, ast.If) and sub.lineno < call.lineno and not holds(sub.body) and not holds(sub.orelse):
-            # an early return: ``call`` runs only when the returning arm is not taken
-            if returns(sub.body) and not returns(sub.orelse) and fp8_when(sub.test, False):
-                return tests[0]
-            if returns(sub.orelse) and not returns(sub.body) and fp8_when(sub.test, True):
-                return tests[0]
-    return None
-
-
-def wo_a_dtype_gate(ctx: Context, file: str, cls: str, method: str = "_o_proj") -> tuple[str | None, str]:
-    """Whether ``cls.method`` of ``file`` honours wo_a's dtype: (evidence of the fix or None, what was seen).
-
-    Follows the calls that carry the attention's ``wo_a`` (as a receiver, an argument, or the layer that holds it)
-    from the method to every call of the FP8-only GEMM they reach; the fix is there when each such call runs only
-    on a branch of a test of ``wo_a``'s weight dtype against ``torch.float8_e4m3fn`` made on the way (in the
-    function itself or in one that leads to it). No FP8 GEMM reached: the fix is there only when the method itself
-    branches on that dtype.
-    """
-    follower = Follower(ctx)
-    start = follower.function(file, cls, method)
-    if start is None:
-        return None, f"{cls}.{method} not found in {file}"
-    aliases_of: dict[int, frozenset[str]] = {}
-
-    def carries(frame, call: ast.Call) -> bool:
-        aliases = aliases_of.get(id(frame), frozenset())
-        layers = {a.rsplit(".", 1)[0] for a in aliases if a.endswith(".wo_a")}
-        text = {ast.unparse(arg) for arg in [*call.args, *(k.value for k in call.keywords)]}
-        receiver = ast.unparse(call.func.value) if isinstance(call.func, ast.Attribute) else None
-        if receiver in {f"{alias}.quant_method" for alias in aliases} and call.func.attr == "apply":
-            # wo_a's own quant method runs wo_a's weights in their own format (an EXL3 wo_a, no .weight): not the
-            # FP8 GEMM this patch is about, and no hand-over to code that could reach it unseen
-            return False
-        carried = bool(text & (aliases | layers)) or receiver in aliases
-        if not carried and receiver in layers:
-            # layer.method(...) hands the layer on; layer.wo_b(...) calls another module: only a method counts
-            carried = any(not v.instance and v.defn.owner is not None for v in follower.values(frame, call.func))
-        name = ast.unparse(call.func)
-        if carried and name not in _BUILTIN_CALLS and not follower.callees(frame, call):
-            unfollowed.append(f"{name}() at {frame.defn.file}:{frame.defn.qualname}:{call.lineno}")
-        return carried
-
-    unfollowed: list[str] = []  # calls that carry wo_a where the facility cannot follow them
-    root = follower.frame(start)
-    aliases_of[id(root)] = frozenset({"self.wo_a"})
-    sites: list[tuple[object, ast.Call, ast.Compare | None]] = []
-    for path in follower.walk(root, follow=carries):
-        frame = path.frame
-        if path.hops:
-            caller = aliases_of.get(id(path.hops[-1].caller), frozenset())
-            aliases_of[id(frame)] = frozenset(
-                param + alias[len(text) :]
-                for param, arg in frame.bindings.items()
-                if (text := ast.unparse(arg))
-                for alias in caller
-                if alias == text or alias.startswith(text + ".")
-            )
-        aliases = aliases_of[id(frame)]
-        for call in calls_in(frame.node):
-            if ast.unparse(call.func).rsplit(".", 1)[-1] != FP8_GEMM:
-                continue
-            gate = _branches_on_dtype(frame.node, aliases, call)
-            steps = [(h.caller, h.call) for h in path.hops]
-            for caller, on_path in reversed(steps):
-                if gate is not None:
-                    break
-                gate = _branches_on_dtype(caller.node, aliases_of.get(id(caller), frozenset()), on_path)
-            sites.append((path, call, gate))
-    if not sites:
-        own = _dtype_tests(start.node, frozenset({"self.wo_a"}))
-        branches = [
-            n
-            for n in ast.walk(start.node)
-            if isinstance(n, (ast.If, ast.IfExp)) and any(t in own for t in ast.walk(n.test))
-        ]
-        if branches:
-            return f"{start.where()} branches on wo_a.weight.dtype against torch.float8_e4m3fn itself", ""
-        return None, f"no call of {FP8_GEMM} reached from {start.qualname} through the calls that carry wo_a"
-    if unfollowed:  # wo_a goes where the FP8 GEMM may run unseen: no evidence either way
-        return None, f"{start.qualname} hands wo_a to {unfollowed[0]}, which cannot be followed"
-    ungated = [(p, c) for p, c, g in sites if g is None]
-    if ungated:
-        path, call = ungated[0]
-        frames = [path.frame, *(h.caller for h in path.hops)]
-        tested = [t for f in frames for t in _dtype_tests(f.node, aliases_of.get(id(f), frozenset()))]
-        if tested:  # a test of the dtype is there, but its sense lets a BF16 wo_a reach the call
-            return None, (
-                f"{path.names()} calls {FP8_GEMM} at line {call.lineno} on a path a BF16 wo_a takes too: "
-                f"`{ast.unparse(tested[0])}` does not keep it to an FP8 wo_a"
-            )
-        return None, f"{path.names()} calls {FP8_GEMM} at line {call.lineno} whatever wo_a's dtype"
-    path, call, gate = sites[0]
-    # one sentence for every class that reaches the gate the same way (status prints it once)
-    middle = [h.callee.defn.qualname for h in path.hops[:-1]]
-    how = f"through {' -> '.join(middle)}" if middle else "directly"
-    return (
-        # no line numbers: a reformatted release gives the same evidence
-        f"{path.frame.defn.file}: {path.frame.defn.qualname} runs {FP8_GEMM} only when `{ast.unparse(gate)}`, "
-        f"otherwise a BF16 path; {method} reaches it {how}",
-        "",
-    )
-
-
-def _upstream_checks_dtype(cls: str, file: str):
-    """Upstream where the code ``cls._o_proj`` reaches runs the FP8-only GEMM only for an FP8 wo_a."""
-
-    def probe(ctx: Context, tree: ast.Module | None) -> Outcome | None:
-        method = find_scope(tree, cls, "_o_proj") if tree is not None else None
-        if method is None or _names_injected(method):
-            return None  # absent: the anchors say drifted; ours: they tell applied from modified
-        evidence, _seen = wo_a_dtype_gate(ctx, file, cls)
-        return Outcome.upstream(evidence) if evidence else None
-
-    return probe
 
 
 def _lna_dense_exl3(tree: ast.Module, scope: ast.AST | None) -> str | None:

@@ -27,11 +27,12 @@ the patch extends it the same way.
 
 Not fixed upstream in vLLM 0.28.0-0.34.0.
 
-What the probes check, whatever the code is called: the fix is a mapping entry
-`(param, shard, id)` that loads a `wo_a.slice` name into `wo_a` with a shard
-id, in `load_weights` or in a helper whose result it adds to a mapping
-(followed through the shared facility). A mention of the name that skips,
-rejects or logs those tensors is no fix.
+What the probes check, through the evaluator (patcher/patching/evaluate), whatever
+the code is called: the mappings `load_weights` iterates as `(param, shard, id)`,
+as the code builds them (displays, `+=`, `.extend`, comprehensions, helpers in any
+module, evaluated); the fix is an entry that loads a `wo_a.slice` name into `wo_a`
+with a shard id. A mention of the name that skips, rejects or logs those tensors is
+no fix.
 """
 
 from __future__ import annotations
@@ -42,8 +43,16 @@ import re
 from patch_dsv4.output.verdicts import Outcome, Verdict
 from patch_dsv4.patches import miaai_kit
 from patch_dsv4.patches._v41 import in_layouts
-from patch_dsv4.patching.edits import ForeignEdit, ReplaceStatements, Variant, injected_names, mentions_injected
-from patch_dsv4.patching.follow import Follower
+from patch_dsv4.patching.edits import (
+    ForeignEdit,
+    NotProven,
+    ReplaceStatements,
+    Variant,
+    injected_names,
+    mentions_injected,
+)
+from patch_dsv4.patching.evaluate import Evaluator, mappings_iterated
+from patch_dsv4.patching.evaluate.values import Const, Repeated, Seq, options
 from patch_dsv4.patching.patch import Context, Example, Patch, Scope
 
 MODEL = "vllm/models/deepseek_v4/nvidia/model.py"
@@ -122,60 +131,61 @@ LNA_SLICES = ForeignEdit(
 )
 
 
-def _slice_entries(node: ast.AST) -> list[ast.Tuple]:
-    """Mapping entries that load a per-group ``wo_a`` into ``wo_a`` with a shard id: ``(param, shard, id)`` whose
-    shard names ``wo_a.slice`` and whose parameter names ``wo_a`` without the slice (strings or f-strings)."""
+def _entries(value) -> list[tuple[tuple, object]]:
+    """The (param, shard, id) entries a mapping holds, as constants (an f-string's unknown part shown as
+    ``{g}``), each with the display that built it."""
     found = []
-    for sub in ast.walk(node):
-        if isinstance(sub, ast.Tuple) and len(sub.elts) == 3:
-            param, shard = (ast.unparse(e) for e in sub.elts[:2])
-            if SLICE in shard and "wo_a" in param and SLICE not in param:
-                found.append(sub)
+    for option in options(value):
+        items = option.items if isinstance(option, Seq) else (option.item,) if isinstance(option, Repeated) else ()
+        for item in items:
+            for entry in options(item):
+                if (
+                    isinstance(entry, Seq)
+                    and len(entry.items) == 3
+                    and all(isinstance(e, Const) for e in entry.items[:2])
+                ):
+                    found.append((tuple(getattr(e, "value", "{?}") for e in entry.items), entry.where))
     return found
 
 
-def _mapping_calls(func: ast.AST) -> set[int]:
-    """The calls (by id) whose result goes into the loader's shard mapping: in the statements that assign,
-    extend or add to ``stacked_params_mapping``."""
-    return {
-        id(call)
-        for stmt in ast.walk(func)
-        if isinstance(stmt, (ast.Assign, ast.AugAssign, ast.Expr))
-        and "stacked_params_mapping" in ast.unparse(stmt.targets[0] if isinstance(stmt, ast.Assign) else stmt)
-        for call in ast.walk(stmt)
-        if isinstance(call, ast.Call)
-    }
+def _maps_slices(entry: tuple) -> bool:
+    """An entry that loads a per-group wo_a into wo_a with a shard id: its shard names ``wo_a.slice``, its
+    parameter ``wo_a`` without the slice."""
+    param, shard, _shard_id = entry
+    return (
+        isinstance(shard, str)
+        and isinstance(param, str)
+        and SLICE in shard
+        and "wo_a" in param
+        and (SLICE not in param)
+    )
 
 
 def _upstream_slices(file: str = MODEL):
-    def probe(ctx: Context, tree: ast.Module | None) -> Outcome | None:
-        """vLLM maps wo_a slices itself: ``load_weights``, or a helper whose result it adds to its shard mapping
-        (followed through the shared facility), holds an entry that loads ``wo_a.slice.G`` into ``wo_a`` with a
-        shard id. A mention of the name that only skips, rejects or logs those tensors is no evidence."""
+    def probe(ctx: Context, tree: ast.Module | None) -> Outcome | NotProven | None:
+        """vLLM maps wo_a slices itself: a mapping ``load_weights`` iterates as ``(param, shard, id)``, as the
+        code builds it (in load_weights or a helper whose result it adds, evaluated), holds an entry that loads
+        ``wo_a.slice.G`` into ``wo_a`` with a shard id. A mention of the name that only skips, rejects or logs
+        those tensors is no evidence."""
         scope = ctx.scope(file, "DeepseekV4Model", "load_weights") if tree is not None else None
-        if scope is None or mentions_injected(scope, OWN):
+        if tree is None or (scope is not None and mentions_injected(scope, OWN)):
             return None
         where = "" if file == MODEL else f"{file}: "
-        entries = _slice_entries(scope)
-        if entries:
-            return Outcome.upstream(
-                f"{where}DeepseekV4Model.load_weights maps wo_a slices itself: {ast.unparse(entries[0])}"
-            )
-        mapping = _mapping_calls(scope)
-        if not mapping:
-            return None
-        follower = Follower(ctx)  # a mapping built by calls: follow them (only then is another file read)
-        start = follower.function(file, "DeepseekV4Model", "load_weights")  # the same node as scope (one parse)
+        ev = Evaluator.of(ctx)
+        start = ev.follower.function(file, "DeepseekV4Model", "load_weights")  # a base's or a mixin's too
         if start is None:
             return None
-        for path in follower.walk(follower.frame(start), depth=1, follow=lambda f, call: id(call) in mapping):
-            entries = _slice_entries(path.frame.node) if path.hops else []
-            if entries:
-                return Outcome.upstream(
-                    f"{where}DeepseekV4Model.load_weights maps wo_a slices itself (in {path.frame.defn.file}: "
-                    f"{path.names()}): {ast.unparse(entries[0])}"
-                )
-        return None
+        for mapping in mappings_iterated(ev, start, width=3):
+            for entry, made in _entries(mapping):
+                if _maps_slices(entry):
+                    shown = f"{ast.unparse(made.node)} (first: {entry!r})" if made is not None else repr(entry)
+                    if made is not None and made.defn.node is not start.node:  # built in a helper
+                        return Outcome.upstream(
+                            f"{where}DeepseekV4Model.load_weights maps wo_a slices itself (in {made.defn.file}: "
+                            f"{start.qualname} -> {made.defn.qualname}): {shown}"
+                        )
+                    return Outcome.upstream(f"{where}DeepseekV4Model.load_weights maps wo_a slices itself: {shown}")
+        return NotProven("no mapping DeepseekV4Model.load_weights loads with maps wo_a.slice into wo_a")
 
     return probe
 
@@ -288,6 +298,8 @@ class DeepseekV4Model(nn.Module, EagleModelMixin):
             ("gate_up_proj", "w3", 1),
         ]
         stacked_params_mapping += [("attn.wo_a.", f"attn.wo_a.slice.{g}.", g) for g in range(8)]
+        for param_name, weight_name, shard_id in stacked_params_mapping:
+            load(param_name, weight_name, shard_id)
 """,
         after=None,
         verdict=Verdict.UPSTREAM,

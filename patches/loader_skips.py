@@ -22,6 +22,13 @@ Fixed upstream in vLLM 0.30.0: `DeepseekV4MoE.__init__` (`nvidia/model.py`) crea
 `gate.bias_vl` and the hash-layer `gate.e_score_correction_bias` for vision
 checkpoints, and `DeepseekV4ForConditionalGeneration` (`common/vl_model.py`) owns
 the vision tower.
+
+What the probes check, through the evaluator (patcher/patching/evaluate): `creates(
+DeepseekV4MoE, "gate.bias_vl", on=...)` for a hash and a non-hash MoE layer of a
+vision checkpoint (and the hash layer's `gate.e_score_correction_bias`), however the
+parameter is made; the vision class builds `vision` and `aligner` for a vision
+checkpoint served with images; V4.1's text class maps the vision prefixes to None
+(its mapper as built) or its loader goes on past a weight of each prefix.
 """
 
 from __future__ import annotations
@@ -30,7 +37,9 @@ import ast
 
 from patch_dsv4.output.verdicts import Outcome, Verdict
 from patch_dsv4.patches._v41 import in_layouts
-from patch_dsv4.patching.edits import ForeignEdit, ReplaceStatements, Variant
+from patch_dsv4.patching.edits import ForeignEdit, NotProven, ReplaceStatements, Variant
+from patch_dsv4.patching.evaluate import Evaluator, attribute_value, cases, creates, is_module, passes_over
+from patch_dsv4.patching.evaluate.values import Const, Inst, Reach, Seq, V, describe, is_none, options
 from patch_dsv4.patching.follow import Follower
 from patch_dsv4.patching.patch import Context, Example, Patch, Scope
 
@@ -139,117 +148,109 @@ DRAFT_GATE_BIAS = (
 )
 
 
-# -- upstream probes
-def _assigned_parameters(func: ast.AST) -> dict[str, list[ast.Assign]]:
-    """``self.x.y = nn.Parameter(...)`` assignments in ``func``, by target."""
-    found: dict[str, list[ast.Assign]] = {}
-    for node in ast.walk(func):
-        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
-            if ast.unparse(node.value.func).split(".")[-1] == "Parameter":
-                for target in node.targets:
-                    found.setdefault(ast.unparse(target), []).append(node)
-    return found
+# -- upstream probes: what the code builds and skips, evaluated (patcher/patching/evaluate) --------------------
+MOE_CLASS = "DeepseekV4MoE"
 
 
-def _under_vision_condition(func: ast.AST, assign: ast.Assign) -> bool:
-    for node in ast.walk(func):
-        if isinstance(node, ast.If) and "vision_n_layers" in ast.unparse(node.test):
-            if any(sub is assign for stmt in node.body for sub in ast.walk(stmt)):
-                return True
-    return False
+def _moe_homes(ctx: Context) -> Outcome | NotProven:
+    """Upstream where the release's MoE gives both gate biases of vision packs a parameter: ``gate.bias_vl`` on
+    every MoE layer of a vision checkpoint (hash and non-hash), and ``gate.e_score_correction_bias`` on its hash
+    layers too, whatever spelling creates them (``x.a = ``, ``setattr``, ``register_parameter``, a helper, a
+    base class)."""
+    ev = Evaluator.of(ctx)
+    moe = ev.follower.class_def(MODEL, MOE_CLASS)
+    if moe is None:
+        return NotProven(f"{MOE_CLASS} not found in {MODEL}")
+    wanted = (
+        ("gate.bias_vl", (cases.VISION_HASH_LAYER, cases.VISION_LAYER)),
+        ("gate.e_score_correction_bias", (cases.VISION_HASH_LAYER, cases.VISION_LAYER)),
+    )
+    for attr, on in wanted:
+        for case in on:
+            made = creates(ev, moe, attr, case)
+            if made.reach is not Reach.YES:
+                how = "may leave" if made.reach is Reach.MAYBE else "leaves"
+                return NotProven(f"{MOE_CLASS}.__init__ {how} {attr} {describe(made.value)} on {case}")
+    return Outcome.upstream(
+        f"{MODEL}: {MOE_CLASS}.__init__ creates gate.bias_vl and, for vision checkpoints, the hash-layer "
+        "gate.e_score_correction_bias (on every MoE layer of a vision checkpoint, hash and non-hash)"
+    )
 
 
-def _moe_homes(ctx: Context) -> str | None:
-    """Evidence that the release's MoE gives both gate biases of vision packs a parameter."""
-    init = ctx.scope(MODEL, "DeepseekV4MoE", "__init__")
-    if init is None:
-        return None
-    params = _assigned_parameters(init)
-    has_bias_vl = "self.gate.bias_vl" in params
-    hash_bias = any(_under_vision_condition(init, a) for a in params.get("self.gate.e_score_correction_bias", []))
-    if has_bias_vl and hash_bias:
-        return (
-            f"{MODEL}: DeepseekV4MoE.__init__ creates gate.bias_vl and, for vision checkpoints, "
-            "the hash-layer gate.e_score_correction_bias"
-        )
-    return None
+def _upstream_target_gate_bias(ctx: Context, tree: ast.Module | None) -> Outcome | NotProven | None:
+    return _moe_homes(ctx)
 
 
-def _upstream_target_gate_bias(ctx: Context, tree: ast.Module | None) -> Outcome | None:
-    evidence = _moe_homes(ctx)
-    return Outcome.upstream(evidence) if evidence else None
-
-
-def _upstream_draft_gate_bias(ctx: Context, tree: ast.Module | None) -> Outcome | None:
+def _upstream_draft_gate_bias(ctx: Context, tree: ast.Module | None) -> Outcome | NotProven | None:
     if tree is None:
         return None
-    evidence = _moe_homes(ctx)
+    homes = _moe_homes(ctx)
     # the draft's decoder layer is the target's own class, however the file imports it
     layer = Follower(ctx).resolve(Follower.module_of(DSPARK), "DeepseekV4DecoderLayer")
     reuses_target_layers = bool(layer) and all(d.file == MODEL and d.kind == "class" for d in layer)
-    if evidence and reuses_target_layers:
-        return Outcome.upstream(f"{DSPARK} builds its layers from DeepseekV4DecoderLayer, whose MoE has both biases")
-    return None
+    if not reuses_target_layers:
+        return NotProven(f"{DSPARK} builds its layers from its own DeepseekV4DecoderLayer, not {MODEL}'s")
+    if isinstance(homes, NotProven):
+        return homes
+    return Outcome.upstream(f"{DSPARK} builds its layers from DeepseekV4DecoderLayer, whose MoE has both biases")
 
 
-def _upstream_vision_tower(ctx: Context, tree: ast.Module | None) -> Outcome | None:
+def _upstream_vision_tower(ctx: Context, tree: ast.Module | None) -> Outcome | NotProven | None:
+    """Upstream where the vision class owns the vision tower: built for a vision checkpoint served with images."""
+    ev = Evaluator.of(ctx)
     # the vision class is in common/vl_model.py, or (nightlies between 0.29.0 and 0.30.0) nvidia/vl_model.py
-    where, init = VL_MODEL, ctx.scope(VL_MODEL, VISION_CLASS, "__init__")
-    if init is None:
-        where, init = NIGHTLY_VL_MODEL, ctx.scope(NIGHTLY_VL_MODEL, VISION_CLASS, "__init__")
-    if init is None:
+    where, vision = VL_MODEL, ev.follower.class_def(VL_MODEL, VISION_CLASS)
+    if vision is None:
+        where, vision = NIGHTLY_VL_MODEL, ev.follower.class_def(NIGHTLY_VL_MODEL, VISION_CLASS)
+    if vision is None:
         return None
-    assigned = {
-        ast.unparse(t)
-        for node in ast.walk(init)
-        if isinstance(node, (ast.Assign, ast.AnnAssign))
-        for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
-    }
-    if {"self.vision", "self.aligner"} <= assigned:
-        return Outcome.upstream(
-            f"{where}: {VISION_CLASS} owns the vision tower (vision, aligner, image_*) "
-            "and its weight mapper drops them when images are off"
-        )
-    return None
+    for attr in ("vision", "aligner"):
+        made = creates(ev, vision, attr, cases.VISION_CHECKPOINT, what=is_module)
+        if made.reach is not Reach.YES:
+            return NotProven(f"{VISION_CLASS}.__init__ leaves {attr} {describe(made.value)} on {made.case}")
+    return Outcome.upstream(
+        f"{where}: {VISION_CLASS} owns the vision tower: its __init__ builds vision and aligner for a vision "
+        "checkpoint served with images"
+    )
+
+
+def _drops(mapper: V) -> set[str]:
+    """The names a weight mapper (a ``WeightsMapper`` built with its rules) maps to None, in any of its rules."""
+    dropped = set()
+    for option in options(mapper):
+        if isinstance(option, Inst):
+            for _field, rules in option.attrs:
+                for pair in rules.items if isinstance(rules, Seq) and rules.kind == "dict" else ():
+                    key, target = pair.items  # type: ignore[attr-defined]
+                    if isinstance(key, Const) and is_none(target):
+                        dropped.add(key.value)
+    return dropped
 
 
 def _v41_passes_over_the_vision_tower(file: str):
-    """Upstream where V4.1's text class drops the vision tower itself: its weight mapper maps each prefix to None,
-    or ``DeepseekV4Model.load_weights`` skips names starting with them."""
+    """Upstream where V4.1's text class drops the vision tower itself: its weight mapper (as built, a factory's
+    result evaluated) maps each prefix to None, or ``DeepseekV4Model.load_weights`` goes on to the next weight,
+    for a weight of each prefix, before loading it."""
 
-    def probe(ctx: Context, tree: ast.Module | None) -> Outcome | None:
+    def probe(ctx: Context, tree: ast.Module | None) -> Outcome | NotProven | None:
         if tree is None:
             return None
+        ev = Evaluator.of(ctx)
         found = []
-        cls = ctx.scope(file, V41_TEXT_CLASS, None)
-        for node in cls.body if cls is not None else ():
-            if isinstance(node, ast.Assign) and [ast.unparse(t) for t in node.targets] == ["hf_to_vllm_mapper"]:
-                value = node.value  # the mapper itself, or a call of the module's function that makes it
-                if isinstance(value, ast.Call) and isinstance(value.func, ast.Name):
-                    value = ctx.scope(file, None, value.func.id) or value
-                dropped = {
-                    key.value
-                    for d in ast.walk(value)
-                    if isinstance(d, ast.Dict)
-                    for key, item in zip(d.keys, d.values, strict=True)
-                    if isinstance(key, ast.Constant) and isinstance(item, ast.Constant) and item.value is None
-                }
-                if set(VISION_PREFIXES) <= dropped:
-                    found.append("its weight mapper")
-        loader = ctx.scope(file, "DeepseekV4Model", "load_weights")
-        for node in ast.walk(loader) if loader is not None else ():
-            if (
-                isinstance(node, ast.If)
-                and all(f"'{p}'" in ast.unparse(node.test) for p in VISION_PREFIXES)
-                and "startswith" in ast.unparse(node.test)
-                and any(isinstance(s, ast.Continue) for s in node.body)
-            ):
-                found.append("DeepseekV4Model.load_weights")
+        text_class = ev.follower.class_def(file, V41_TEXT_CLASS)
+        if text_class is not None and set(VISION_PREFIXES) <= _drops(
+            attribute_value(ev, text_class, "hf_to_vllm_mapper")
+        ):
+            found.append("its weight mapper")
+        loader = ev.follower.function(file, "DeepseekV4Model", "load_weights")
+        params = [a.arg for a in loader.node.args.args][1:2] if loader is not None else []  # type: ignore
+        if params and all(passes_over(ev, loader, params[0], case) for case in cases.VISION_WEIGHTS):
+            found.append("DeepseekV4Model.load_weights")
         if found:
             return Outcome.upstream(
                 f"{file}: {V41_TEXT_CLASS} drops vision., aligner. and image_ itself ({' and '.join(found)})"
             )
-        return None
+        return NotProven(f"{V41_TEXT_CLASS} neither maps vision., aligner. and image_ to None nor skips them")
 
     return probe
 

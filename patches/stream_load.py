@@ -15,16 +15,16 @@ in vLLM 0.34.0 (the mapper's output goes straight to the loader, and the text
 class no longer finalizes inside `load_weights`, so its tensors may arrive in
 several runs).
 
-What the probes check, whatever the code is called: the defect is anything on
-the path from `load_weights`'s `weights` to the loader that holds the stream
-whole or reorders it (`sorted`, `list`, `tuple`, a comprehension, `.sort()`, a
-generator that takes every item before it yields one, or a helper, in any
-module, that does). The fix is a path free of those that reaches the loader,
-and either a generator on it that yields `language_model.*` tensors as they
-arrive (0.33.0), or a language model (the class of `self.language_model`,
-every platform's candidate) from whose `load_weights` no
-`process_weights_after_loading` is reachable (0.34.0). A call on the path that
-cannot be followed is no evidence either way: the patch then goes by its anchors.
+What the probes check, through the evaluator (patcher/patching/evaluate), whatever
+the code is called: `flows_into(load_weights's weights, the loader)` by the iterator
+table, and on from the language model's own `load_weights` (every class it may be)
+to its loader. The defect: anything on the way that holds the weights whole or
+reorders them (in any module, any spelling). The fix: they reach the loaders one at
+a time on every path, and either a generator on the way yields a `language_model.*` weight
+before it takes the next one (`yields_as_they_arrive`, 0.33.0), or the language
+model (the class of `self.language_model`, every platform's candidate) reaches no
+`process_weights_after_loading` from its `load_weights` (0.34.0). An unknown
+construct proves nothing: the anchors decide, and a drifted verdict names it.
 No vision class in the releases before 0.30.0; nightlies between 0.29.0 and
 0.30.0 define it in `nvidia/vl_model.py` (from 0.30.0 a re-export shim), with
 the same sort: the patch streams it wherever the package defines the class.
@@ -39,13 +39,21 @@ it with V4's `stream_language_model_first`, 0.34.0 as V4's.
 from __future__ import annotations
 
 import ast
-from dataclasses import dataclass, field
 
 from patch_dsv4.output.verdicts import Outcome, Verdict
 from patch_dsv4.patches._v41 import in_layouts
-from patch_dsv4.patching.edits import ForeignEdit, ReplaceStatements, Variant, mentions_injected
+from patch_dsv4.patching.edits import ForeignEdit, NotProven, ReplaceStatements, Variant, mentions_injected
+from patch_dsv4.patching.evaluate import (
+    Evaluator,
+    Flow,
+    callee,
+    cases,
+    flows_into,
+    reaches_call,
+    yields_as_they_arrive,
+)
+from patch_dsv4.patching.evaluate.values import Inst
 from patch_dsv4.patching.fingerprint import find_scope
-from patch_dsv4.patching.follow import Follower, calls_in
 from patch_dsv4.patching.patch import Context, Example, Patch, Scope
 
 VL_MODEL = "vllm/models/deepseek_v4/common/vl_model.py"
@@ -87,168 +95,52 @@ def _patch_dsv4_stream_language_model_first(weights):
 # fmt: on
 
 
-#: Calls that hold every item of an iterator at once (``sorted`` reorders too).
-MATERIALIZERS = ("sorted", "list", "tuple", "dict", "set")
 LM_PREFIX = "language_model."
 
 
-@dataclass
-class StreamPath:
-    """What the weight stream meets between ``load_weights``'s parameter and the loader."""
-
-    materialized: list[str] = field(default_factory=list)  # where the stream is held whole or reordered
-    grouped: list[str] = field(default_factory=list)  # generators that yield language-model tensors as they arrive
-    followed: list[str] = field(default_factory=list)  # helpers the stream went through
-    opaque: list[str] = field(default_factory=list)  # calls the stream enters that could not be followed
-    configured: list[str] = field(default_factory=list)  # calls of a loop's callables (a list of transforms)
-    loader: list[str] = field(default_factory=list)  # the loader calls the stream reaches
+def _is_loader(call: ast.Call) -> bool:
+    """The loader: ``<loader>.load_weights(...)`` (AutoWeightsLoader's, or a child model's; ``getattr`` too); a
+    base's ``super().load_weights(...)`` is followed, the same load going on there."""
+    receiver, name = callee(call)
+    return receiver not in (None, "super()") and name == "load_weights"
 
 
-def _where(frame, node: ast.AST) -> str:
-    return f"{frame.defn.file}:{frame.defn.qualname}:{getattr(node, 'lineno', frame.defn.line)}"
-
-
-def _own_nodes(func: ast.AST):
-    """The nodes of a function, nested functions and classes excluded."""
-    stack = list(ast.iter_child_nodes(func))
-    while stack:
-        node = stack.pop()
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
-            continue
-        yield node
-        stack.extend(ast.iter_child_nodes(node))
-
-
-def _trace(follower: Follower, frame, stream: set[str], found: StreamPath, depth: int = 0) -> None:
-    """Follow the names ``stream`` (holding the weight iterator) through ``frame``'s function, in source order."""
-    func = frame.node
-    names = set(stream)
-    nodes = sorted(_own_nodes(func), key=lambda n: (getattr(n, "lineno", 0), getattr(n, "col_offset", 0)))
-
-    def carries(expr: ast.AST) -> bool:
-        return any(isinstance(n, ast.Name) and n.id in names for n in ast.walk(expr))
-
-    done: set[int] = set()
-    loop_targets = {
-        t.id
-        for n in nodes
-        if isinstance(n, (ast.For, ast.AsyncFor))
-        for t in ast.walk(n.target)
-        if isinstance(t, ast.Name)
-    }
-
-    def expression(expr: ast.expr) -> bool:
-        """Judge what ``expr`` does to the stream; whether its value carries the stream on."""
-        if id(expr) in done:
-            return carries(expr)
-        done.add(id(expr))
-        if isinstance(expr, ast.Name):
-            return expr.id in names
-        if isinstance(expr, (ast.ListComp, ast.SetComp, ast.DictComp)) and carries(expr):
-            found.materialized.append(f"{ast.unparse(expr)[:60]} at {_where(frame, expr)}")
-            return True
-        if isinstance(expr, ast.GeneratorExp):
-            return carries(expr)
-        if isinstance(expr, ast.IfExp):
-            body, orelse = expression(expr.body), expression(expr.orelse)
-            return body or orelse
-        if not isinstance(expr, ast.Call):
-            return carries(expr)
-        args = [a for a in (*expr.args, *(k.value for k in expr.keywords)) if expression(a)]
-        callee = ast.unparse(expr.func)
-        if isinstance(expr.func, ast.Attribute) and expr.func.attr == "sort" and carries(expr.func.value):
-            found.materialized.append(f"{callee}() at {_where(frame, expr)}")
-            return True
-        if not args:
-            return False
-        if callee in MATERIALIZERS:
-            found.materialized.append(f"{callee}() at {_where(frame, expr)}")
-            return True
-        if callee == "iter":
-            return True
-        if isinstance(expr.func, ast.Attribute) and expr.func.attr == "load_weights":
-            found.loader.append(f"{callee}() at {_where(frame, expr)}")
-            return False  # the loader: where the stream is meant to go
-        callees = follower.callees(frame, expr)
-        if not callees or depth >= 4:
-            loop_bound = isinstance(expr.func, ast.Name) and expr.func.id in loop_targets
-            (found.configured if loop_bound else found.opaque).append(f"{callee}() at {_where(frame, expr)}")
-            return True
-        for callee_frame in callees:
-            params = {p for p, arg in callee_frame.bindings.items() if arg in args}
-            if not params:  # the stream goes to *args, **kwargs or a starred argument: not followed
-                found.opaque.append(f"{callee}() at {_where(frame, expr)}")
-                continue
-            found.followed.append(callee_frame.defn.qualname)
-            _trace(follower, callee_frame, params, found, depth + 1)
-        return True
-
-    for node in nodes:
-        if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
-            if expression(node.value):
-                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-                names.update(t.id for t in targets if isinstance(t, ast.Name))
-        elif isinstance(node, (ast.Return, ast.Expr, ast.YieldFrom)) and getattr(node, "value", None) is not None:
-            expression(node.value)
-        elif isinstance(node, ast.Call):
-            expression(node)
-    loops = [n for n in nodes if isinstance(n, (ast.For, ast.AsyncFor)) and carries(n.iter)]
-    generator = any(isinstance(n, (ast.Yield, ast.YieldFrom)) for n in nodes)
-    for loop in loops:
-        yields = [n for stmt in loop.body for n in ast.walk(stmt) if isinstance(n, ast.Yield)]
-        if not yields:
-            found.materialized.append(
-                f"{frame.defn.qualname} takes every item of the stream before "
-                f"{'it yields one' if generator else 'it returns'} ({_where(frame, loop)})"
-            )
-            continue
-        first = [
-            n
-            for n in ast.walk(loop)
-            if isinstance(n, ast.If)
-            and f"startswith('{LM_PREFIX}')" in ast.unparse(n.test)
-            and any(isinstance(y, ast.Yield) for stmt in n.body for y in ast.walk(stmt))
-        ]
-        if first:
-            found.grouped.append(f"{frame.defn.qualname} ({frame.defn.file.removeprefix('vllm/models/')})")
-
-
-def vision_stream(ctx: Context, file: str, cls: str) -> tuple[StreamPath | None, str]:
-    """The stream's path through ``cls.load_weights`` of ``file`` (None and why, where it cannot be traced)."""
-    follower = Follower(ctx)
-    start = follower.function(file, cls, "load_weights")
+def vision_flow(ctx: Context, file: str, cls: str) -> tuple[Flow | None, str]:
+    """Where ``cls.load_weights`` (found through the MRO: a mixin's counts) sends its weights (None, and why, where
+    it cannot be followed), with the scope's name for the evidence."""
+    ev = Evaluator.of(ctx)
+    vision = ev.follower.class_def(file, cls)
+    start = ev.follower.method(vision, "load_weights") if vision is not None else None
     if start is None:
         return None, f"{cls}.load_weights not found in {file}"
-    params = [a.arg for a in start.node.args.args][1:2]
+    params = [a.arg for a in start.node.args.args][1:2]  # type: ignore[union-attr]
     if not params:
         return None, f"{cls}.load_weights takes no weights"
-    found = StreamPath()
-    _trace(follower, follower.frame(start), set(params), found)
-    return found, f"{file.removeprefix('vllm/models/')}: {start.qualname}"
+    where = f"{file.removeprefix('vllm/models/')}: {cls}.load_weights"
+    if start.owner is not None and start.owner.node is not vision.node:  # type: ignore[union-attr]
+        where += f" ({start.owner.qualname}'s, {start.file.removeprefix('vllm/models/')})"
+    return flows_into(ev, start, params[0], _is_loader, self_value=Inst(vision)), where  # type: ignore[arg-type]
 
 
 def text_class_finalizes(ctx: Context, file: str, cls: str) -> tuple[bool | None, str]:
     """Whether the language model of the vision class runs ``process_weights_after_loading`` inside its
     ``load_weights`` (None: its class could not be found), with the evidence."""
-    follower = Follower(ctx)
-    vision = follower.class_def(file, cls)
-    classes = follower.classes_of_attribute(vision, "language_model") if vision is not None else []
+    ev = Evaluator.of(ctx)
+    vision = ev.follower.class_def(file, cls)
+    classes = ev.follower.classes_of_attribute(vision, "language_model") if vision is not None else []
     if not classes:
         return None, f"the class of {cls}.language_model could not be followed from {file}"
     checked = []
     for text_class in classes:
-        load = follower.method(text_class, "load_weights")
+        load = ev.follower.method(text_class, "load_weights")
         if load is None:
             return None, f"{text_class.where()} has no load_weights"
         checked.append(load)
-
-        def on_self(frame, call: ast.Call) -> bool:
-            return ast.unparse(call.func).startswith("self.")
-
-        for path in follower.walk(follower.frame(load, text_class), 2, follow=on_self):
-            for call in calls_in(path.frame.node):
-                if ast.unparse(call.func).endswith("process_weights_after_loading"):
-                    return True, f"{path.names()} calls {ast.unparse(call.func)}() ({_where(path.frame, call)})"
+        found = reaches_call(ev, load, text_class, "process_weights_after_loading")
+        if found is not None:
+            path, call = found
+            where = f"{path.frame.defn.file}:{path.frame.defn.qualname}:{call.lineno}"
+            return True, f"{path.names()} calls {ast.unparse(call.func)}() ({where})"
     by_name: dict[str, list[str]] = {}
     for load in checked:
         by_name.setdefault(load.qualname, []).append(load.file.rsplit("/", 2)[-2])
@@ -256,27 +148,57 @@ def text_class_finalizes(ctx: Context, file: str, cls: str) -> tuple[bool | None
     return False, f"no process_weights_after_loading is reachable from {where}"
 
 
-def _upstream_streams(file: str, cls: str = VISION_CLASS):
-    """Upstream where nothing on the path from ``weights`` to the loader holds the stream whole or reorders it,
-    and either a generator on the way yields the language model's tensors as they arrive (the rest deferred), or
-    the language model does not finalize inside its ``load_weights`` (so it may take its tensors in several runs)."""
+def text_classes_stream(ctx: Context, file: str, cls: str) -> tuple[bool, str]:
+    """Whether every class the vision class's language model may be passes the weights it is given on to its own
+    loader one at a time (AutoWeightsLoader hands it the language model's part of the stream), with the evidence
+    or the first thing that holds them."""
+    ev = Evaluator.of(ctx)
+    vision = ev.follower.class_def(file, cls)
+    classes = ev.follower.classes_of_attribute(vision, "language_model") if vision is not None else []
+    if not classes:
+        return False, f"the class of {cls}.language_model could not be followed from {file}"
+    for text_class in classes:
+        load = ev.follower.method(text_class, "load_weights")
+        params = [a.arg for a in load.node.args.args][1:2] if load is not None else []  # type: ignore[union-attr]
+        if not params:
+            return False, f"{text_class.where()} has no load_weights taking the weights"
+        flow = flows_into(ev, load, params[0], _is_loader, self_value=Inst(text_class))  # type: ignore[arg-type]
+        if not flow.streams:
+            return False, f"the language model's {load.qualname}: {flow.defect()}"  # type: ignore[union-attr]
+    return True, "the language model's load_weights passes them on to its loader as they come"
 
-    def probe(ctx: Context, tree: ast.Module | None) -> Outcome | None:
+
+def _upstream_streams(file: str, cls: str = VISION_CLASS):
+    """Upstream where the weights reach the loader one at a time on every path (the iterator table: nothing
+    holds or reorders them, nothing unknown), and either a generator on the way yields a language model's tensor
+    before it takes the next one, or the language model does not finalize inside its ``load_weights`` (so it may
+    take its tensors in several runs)."""
+
+    def probe(ctx: Context, tree: ast.Module | None) -> Outcome | NotProven | None:
         if tree is None:
             return Outcome.not_applicable(f"no vision class in this release ({file} is absent)")
         if find_scope(tree, cls, None) is None:
             return Outcome.not_applicable(f"{file} defines no {cls}")
         method = find_scope(tree, cls, "load_weights")
-        if method is None or mentions_injected(method):
-            return None  # absent: the anchors say drifted; ours: they tell applied from modified
-        path, where = vision_stream(ctx, file, cls)
-        if path is None or path.materialized or path.opaque or not path.loader:
-            return None
-        through = f" through {', '.join(dict.fromkeys(path.followed))}" if path.followed else ""
-        if path.grouped:
+        if method is not None and mentions_injected(method):
+            return None  # ours: the anchors tell applied from modified
+        flow, where = vision_flow(ctx, file, cls)
+        if flow is None:
+            return NotProven(where)
+        if not flow.streams:
+            return NotProven(flow.defect())  # type: ignore[arg-type]
+        through = f" through {', '.join(flow.through())}" if flow.through() else ""
+        onward, evidence = text_classes_stream(ctx, file, cls)
+        if not onward:  # the language model's part of the stream is held there
+            return NotProven(evidence)
+        ev = Evaluator.of(ctx)
+        grouped = [g for g in flow.generators if yields_as_they_arrive(ev, g, cases.LANGUAGE_MODEL_WEIGHT)]
+        if grouped:
+            gen = grouped[0].defn
             return Outcome.upstream(
-                f"{where} passes the weights to the loader as a stream{through}; {path.grouped[0]} yields "
-                f"{LM_PREFIX}* tensors as they arrive and defers only the rest"
+                f"{where} passes the weights to the loader as a stream{through}; {gen.qualname} "
+                f"({gen.file.removeprefix('vllm/models/')}) yields {LM_PREFIX}* tensors as they arrive and defers "
+                "only the rest"
             )
         finalizes, evidence = text_class_finalizes(ctx, file, cls)
         if finalizes is False:
@@ -284,7 +206,7 @@ def _upstream_streams(file: str, cls: str = VISION_CLASS):
                 f"{where} passes the weights to the loader as they come{through}, nothing sorts or holds them, "
                 f"and the language model finalizes after the load: {evidence}"
             )
-        return None
+        return NotProven(f"the language model finalizes inside its load_weights: {evidence}" if finalizes else evidence)
 
     return probe
 
@@ -473,7 +395,8 @@ class DeepseekV4ForConditionalGeneration:
         mapped = _patch_dsv4_stream_language_model_first(mapped)
 ''',
     ),
-    # 0.33.0's fix, spelled anew: a renamed generator yields the language model's tensors as they arrive
+    # 0.33.0's fix, spelled anew: a renamed generator yields the language model's tensors as they arrive (and the
+    # language model passes them on to its loader as they come)
     Example(
         "upstream-groups-language-model-first",
         VL_MODEL,
@@ -488,7 +411,15 @@ def _lm_tensors_then_rest(stream):
     yield from later
 
 
+class TextModel:
+    def load_weights(self, weights):
+        return AutoWeightsLoader(self).load_weights(weights)
+
+
 class DeepseekV4ForConditionalGeneration:
+    def __init__(self, vllm_config):
+        self.language_model = TextModel(vllm_config)
+
     def load_weights(self, weights):
         mapped = _lm_tensors_then_rest(weights)
         return AutoWeightsLoader(self).load_weights(mapped)

@@ -49,6 +49,8 @@ from patch_dsv4.output.verdicts import Outcome, Verdict
 from patch_dsv4.patches import miaai_kit
 from patch_dsv4.patches._v41 import V41_CONFIG, in_layouts
 from patch_dsv4.patching.edits import ForeignEdit, ReplaceStatements, Variant, helper_source, indent, mentions_injected
+from patch_dsv4.patching.evaluate import Evaluator, attribute_value, cases
+from patch_dsv4.patching.evaluate.values import Const, Inst, describe
 from patch_dsv4.patching.fingerprint import find_scope
 from patch_dsv4.patching.patch import Context, Example, Patch, Scope
 
@@ -410,27 +412,16 @@ V41_HELPERS = (
 
 
 def _narrow_prefill_rows(ctx: Context) -> bool:
-    """Whether this vLLM keeps prefill window rows window_size (128) wide.
-
-    The vision variant's builder sets ``prefill_index_width`` (0.30.0 on);
-    without it the rows never outgrow the dual-cache kernel. A tree without
-    the builder's file says nothing either way.
-    """
-    text = ctx.read(SPARSE_SWA)
-    if text is None:
+    """Whether this vLLM keeps prefill window rows window_size (128) wide: its SWA builder never sets
+    ``prefill_index_width`` (the vision variant's widening, 0.30.0 on). A tree without the builder says nothing
+    either way."""
+    if ctx.read(SPARSE_SWA) is None:
         return False
-    try:
-        tree = ctx.parse(text)
-    except SyntaxError:
-        return False
-    widened = any(
-        isinstance(target, ast.Attribute) and target.attr == "prefill_index_width"
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Assign)
-        for target in node.targets
-    )
+    ev = Evaluator.of(ctx)
+    builder = ev.follower.class_def(SPARSE_SWA, SWA_BUILDER)
+    widened = builder is not None and ev.follower.sets_attribute(builder, "prefill_index_width")
     ctx.looked_up(SPARSE_SWA, "prefill_index_width", widened)
-    return not widened
+    return builder is not None and not widened
 
 
 def flashinfer_row_limit(ctx: Context) -> tuple[bool, str]:
@@ -489,68 +480,26 @@ def _upstream_or_narrow(ctx: Context, tree: ast.Module | None) -> Outcome | None
     return None
 
 
-def _sets_attribute(tree: ast.Module, name: str) -> bool:
-    """Whether a class of ``tree`` sets ``name`` (``self.name = ...`` or a class attribute)."""
-    for node in ast.walk(tree):
-        targets = node.targets if isinstance(node, ast.Assign) else []
-        targets = [node.target] if isinstance(node, ast.AnnAssign) else targets
-        for target in targets:
-            if (isinstance(target, ast.Attribute) and target.attr == name) or (
-                isinstance(target, ast.Name) and target.id == name
-            ):
-                return True
-    return False
-
-
 def v41_rows_widen(ctx: Context) -> tuple[bool, str]:
-    """(whether the SWA builder widens DeepSeek-V4.1's prefill rows, evidence), read in the builder's condition.
-
-    The builder sets ``max_image_tokens`` from ``vision_max_n_token`` under a
-    condition on the model's config: widening applies to V4.1 unless the
-    condition names a config class V4.1's is not, or reads an attribute V4.1's
-    config never sets (``getattr`` then gives the default). A condition that
-    cannot be read counts as widening: the injected code checks the rows at run time.
-    """
+    """(whether the SWA builder widens DeepSeek-V4.1's prefill rows, evidence): the builder built for a V4.1
+    vision checkpoint (its config an instance of V4.1's config class, with no attribute that class never sets), and
+    the image tokens it widens rows by (``max_image_tokens``), evaluated. Rows stay 128 wide where that is 0; where
+    it cannot be told they count as widened (the injected code checks the rows at run time)."""
     if _narrow_prefill_rows(ctx):
         return False, f"prefill window rows stay window_size (128) wide: {SPARSE_SWA} has no prefill_index_width"
-    init = ctx.scope(SPARSE_SWA, SWA_BUILDER, "__init__")
-    assigned = [
-        node.value
-        for node in (ast.walk(init) if init is not None else ())
-        if isinstance(node, ast.Assign) and [ast.unparse(t) for t in node.targets] == ["self.max_image_tokens"]
-    ]
-    if len(assigned) != 1 or not isinstance(assigned[0], ast.IfExp):
-        return True, f"{SPARSE_SWA}: {SWA_BUILDER}.__init__ widens prefill rows by max_image_tokens"
-    test = assigned[0].test
-    condition = ast.unparse(test)
-    where = f"{SPARSE_SWA}: {SWA_BUILDER}.__init__ widens prefill rows only if `{condition}`"
-    classes = [
-        ast.unparse(node.args[1]).rsplit(".", 1)[-1]
-        for node in ast.walk(test)
-        if isinstance(node, ast.Call) and ast.unparse(node.func) == "isinstance" and len(node.args) == 2
-    ]
-    config = ctx.ast(V41_CONFIG)
-    v41_class = "DeepseekV41Config"
-    if config is not None:
-        defined = [n.name for n in config.body if isinstance(n, ast.ClassDef)]
-        v41_class = next((n for n in defined if n.startswith("DeepseekV41")), v41_class)
-    other = [name for name in classes if name != v41_class]
-    if other:
-        return False, f"{where}, and V4.1's config is {v41_class}, not {other[0]}: V4.1's rows stay 128 wide"
-    read = [
-        node.args[1].value
-        for node in ast.walk(test)
-        if isinstance(node, ast.Call)
-        and ast.unparse(node.func) == "getattr"
-        and len(node.args) >= 2
-        and isinstance(node.args[1], ast.Constant)
-        and isinstance(node.args[1].value, str)
-    ]
-    unset = [name for name in read if config is not None and not _sets_attribute(config, name)]
-    ctx.looked_up(V41_CONFIG, v41_class, config is not None)
-    if unset:
-        return False, f"{where}, and {V41_CONFIG} never sets {unset[0]}: V4.1's rows stay 128 wide"
-    return True, f"{where}, which V4.1's config ({V41_CONFIG}) meets: its rows widen by vision_max_n_token"
+    ev = Evaluator.of(ctx)
+    builder = ev.follower.class_def(SPARSE_SWA, SWA_BUILDER)
+    module = V41_CONFIG.removesuffix(".py").replace("/", ".")
+    config = next((d for d in ev.follower.resolve(module, "DeepseekV41Config") if d.kind == "class"), None)
+    ctx.looked_up(V41_CONFIG, "DeepseekV41Config", config is not None)
+    if builder is None or config is None:
+        return True, f"{SPARSE_SWA}: {SWA_BUILDER} widens prefill rows by max_image_tokens"
+    case = cases.v41_checkpoint(Inst(config, closed=True))
+    value = attribute_value(ev, builder, "max_image_tokens", case)
+    where = f"{SPARSE_SWA}: {SWA_BUILDER}.__init__"
+    if isinstance(value, Const) and value.value == 0:
+        return False, f"{where} sets max_image_tokens to 0 for {case} ({V41_CONFIG}): V4.1's rows stay 128 wide"
+    return True, f"{where} widens prefill rows by max_image_tokens ({describe(value)}) for {case}"
 
 
 def _v41_upstream_or_narrow(ctx: Context, tree: ast.Module | None) -> Outcome | None:
@@ -613,6 +562,7 @@ class WideSwa(Patch):
             probe=_upstream_or_narrow,
             foreign=(RECIPE_WIDE_SWA,),
             kept=(miaai_kit.TEXT_ONLY_WINDOW,),
+            recallable=False,  # its probe reads FlashInfer's release too
         ),
         *(
             ReplaceStatements(
@@ -624,6 +574,7 @@ class WideSwa(Patch):
                 probe=_v41_upstream_or_narrow,
                 foreign=(RECIPE_WIDE_SWA,),
                 kept=(miaai_kit.TEXT_ONLY_WINDOW,),
+                recallable=False,
             )
             for file, tag in in_layouts("nvidia/flashinfer_sparse.py")
         ),

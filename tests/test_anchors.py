@@ -24,10 +24,13 @@ def test_every_release_is_recorded():
 
 @pytest.mark.parametrize("version", RELEASE_PARAMS)
 def test_recorded_anchors_agree_with_the_wheel(version):
-    path = anchors_store.anchors_path(version)
-    committed = path.read_text(encoding="utf-8") if path.exists() else "(missing)"
+    def text(path):
+        return path.read_text(encoding="utf-8") if path.exists() else "(missing)"
+
+    committed = text(anchors_store.anchors_path(version)), text(anchors_store.probes_path(version))
     with open_wheel(wheel("vllm", version)) as target:
-        fresh = anchors_store.dumps(record(target, wheel_name=wheel("vllm", version).name))
+        main, probes = anchors_store.split(record(target, wheel_name=wheel("vllm", version).name))
+    fresh = anchors_store.dumps(main), anchors_store.dumps(probes)
     assert committed == fresh, (
         f"anchors/vllm-{version}.json differs from a fresh record of the wheel (a patch or the engine changed "
         f"what it records). If the change is intended, re-record with: {RERECORD}"
@@ -80,3 +83,35 @@ def test_known_release_tells_known_from_unknown(version, make_tree):
         hand_edit(path, path.read_text() + "\n# a hand edit\n")
     unknown = known_release(version, sha)
     assert not unknown and unknown.mismatched == (target,) and target in unknown.detail
+
+
+@pytest.mark.parametrize("version", RELEASE_PARAMS)
+def test_recalled_probe_answers_are_what_the_probes_answer(version, make_tree, cli, monkeypatch):
+    """On a release's own bytes, status recalls its probes' answers from the record: the same report as the
+    probes running (each answer is recalled only where every file its probe read hashes as recorded)."""
+    from patch_dsv4.patching.patch import Context
+
+    tree = make_tree(version)
+    recalled = cli("status", "--site-packages", tree, "--json").json()
+    misses = []
+
+    def run_instead(self, key):
+        misses.append(key)
+        return False, None
+
+    monkeypatch.setattr(Context, "recall", run_instead)
+    computed = cli("status", "--site-packages", tree, "--json").json()
+    assert misses and recalled == computed
+
+
+def test_a_changed_file_is_judged_not_recalled(make_tree, cli):
+    """A file a probe read that differs from the release's (re-released: RECORD matches it) makes that probe run."""
+    tree = make_tree("0.34.0")
+    path = tree / "vllm/models/deepseek_v4/nvidia/ops/o_proj.py"
+    old = "use_fp8 = wo_a.weight.dtype == torch.float8_e4m3fn"
+    hand_edit(path, path.read_text().replace(old, "use_fp8 = wo_a.weight.dtype != torch.float8_e4m3fn"))
+    from tests.releases import rewrite_record
+
+    rewrite_record(tree, ["vllm/models/deepseek_v4/nvidia/ops/o_proj.py"])
+    patch = cli("status", "--site-packages", tree, "--json").patch("dtype-policy")
+    assert patch["verdict"] == "drifted"  # recorded: upstream; computed on these bytes: the sense is inverted

@@ -69,7 +69,9 @@ def test_fetch_by_version_uses_the_cache(cli):
 
 def test_reads_only_what_it_needs(cli):
     data = _drift(cli, "--wheel", wheel("vllm", "0.31.0")).json()
-    assert 0 < len(data["files_read"]) < 40, data["files_read"]
+    # the evaluator follows the code the probes read into the helpers and base classes it calls (73 files on
+    # 0.31.0): a bounded part of the package, never all of it (5,000+ files)
+    assert 0 < len(data["files_read"]) < 100, data["files_read"]
     assert all(rel.startswith("vllm/") for rel in data["files_read"])
 
 

@@ -25,7 +25,8 @@ class DeepseekV4Model(nn.Module):
 {extra}
         for name, loaded_weight in weights:
 {loop}
-            load(name, loaded_weight, stacked_params_mapping)
+            for param_name, weight_name, shard_id in stacked_params_mapping:  # as vLLM's loader iterates it
+                load(name.replace(weight_name, param_name), loaded_weight, shard_id)
 """
 )
 HELPER = """\

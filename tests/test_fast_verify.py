@@ -30,6 +30,8 @@ HEAVY = (
     "patch_dsv4.pipeline.commands",
     "patch_dsv4.tree.state",
     "patch_dsv4.app",
+    "patch_dsv4.patching.evaluate",  # the probes' evaluator: judging only, never verify's fast path
+    "patch_dsv4.patching.follow",
     "libcst",
     "typer",
     "rich",

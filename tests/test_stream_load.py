@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-from patch_dsv4.patches.stream_load import VISION_CLASS, VL_MODEL, StreamLoad, text_class_finalizes, vision_stream
+from patch_dsv4.patches.stream_load import VISION_CLASS, VL_MODEL, StreamLoad, text_class_finalizes, vision_flow
 from patch_dsv4.patching.patch import Context
 from tests.errors import error_lines
 from tests.records import recorded_verdict, releases_needing
@@ -148,7 +148,7 @@ def _judged(vl_model: str, helpers: str = ""):
     (edit,) = [e for e in StreamLoad.edits if e.file == VL_MODEL]
     ctx = Context.from_texts({VL_MODEL: vl_model, HELPERS: helpers, TEXT: TEXT_CLASS + "\n\n" + FINALIZING_TEXT_CLASS})
     outcome = edit.evaluate(ctx, vl_model)
-    path, _where = vision_stream(ctx, VL_MODEL, VISION_CLASS)
+    path, _where = vision_flow(ctx, VL_MODEL, VISION_CLASS)
     finalizes, _evidence = text_class_finalizes(ctx, VL_MODEL, VISION_CLASS)
     return outcome, path, finalizes
 
@@ -165,7 +165,7 @@ SHAPES = {
         "def as_they_come(stream):\n    for item in stream:\n        yield item\n",
         "",
         "upstream",
-        lambda path, finalizes: path.followed == ["as_they_come"] and finalizes is False,
+        lambda flow, finalizes: flow.through() == ["as_they_come"] and finalizes is False,
     ),
     # a conditional pick of the text class: both candidates are followed, neither finalizes
     "conditional-text-class-neither-finalizes": (
@@ -181,7 +181,7 @@ SHAPES = {
         "",
         PICK.format(other="FinalizingForCausalLM"),
         "drifted",
-        lambda path, finalizes: not path.materialized and finalizes is True,
+        lambda flow, finalizes: flow.streams and finalizes is True,
     ),
     # the sort moved into a helper of another module
     "sort-moved-into-a-helper-of-another-module": (
@@ -192,7 +192,7 @@ SHAPES = {
         "def by_name(stream):\n    return iter(sorted(stream, key=lambda x: x[0]))\n",
         "",
         "drifted",
-        lambda path, finalizes: path.materialized[0].startswith(f"sorted() at {HELPERS}:by_name"),
+        lambda flow, finalizes: flow.holds[0].text.startswith(f"sorted() at {HELPERS}:by_name"),
     ),
     # list() in a renamed helper, reached through a module-level import
     "list-in-a-renamed-helper-of-another-module": (
@@ -200,18 +200,22 @@ SHAPES = {
         "def ready(stream):\n    return list(stream)\n",
         "",
         "drifted",
-        lambda path, finalizes: path.materialized[0].startswith(f"list() at {HELPERS}:ready"),
+        lambda flow, finalizes: flow.holds[0].text.startswith(f"list() at {HELPERS}:ready"),
     ),
-    # .sort() on the materialized list, two helpers down
+    # a starred display holds the stream, then .sort() reorders it, two helpers down (the display is the first
+    # hold: before the evaluator, only the sort was seen)
     "sort-on-a-materialized-list-two-helpers-down": (
         "return AutoWeightsLoader(self).load_weights(outer(weights))\n",
         "def inner(stream):\n    held = [*stream]\n    held.sort()\n    return held\n\n\n"
         "def outer(stream):\n    return inner(stream)\n",
         "",
         "drifted",
-        lambda path, finalizes: path.materialized[0].startswith(f"held.sort() at {HELPERS}:inner"),
+        lambda flow, finalizes: (
+            [h.text.split(" at ")[0] for h in flow.holds] == ["[*stream]", "held.sort()"]
+            and flow.holds[0].where.at() == f"{HELPERS}:inner:2"
+        ),
     ),
-    # the stream handed on through *args: the helper's body is not bound to it, so it proves nothing
+    # the stream handed on through *args: bound to the tuple the helper takes, whose first item it sorts
     "stream-through-star-args": (
         """\
         from vllm.models.deepseek_v4.common.weight_order import gather
@@ -220,7 +224,7 @@ SHAPES = {
         "def gather(*streams):\n    return sorted(streams[0])\n",
         "",
         "drifted",
-        lambda path, finalizes: path.opaque and not path.materialized,
+        lambda flow, finalizes: flow.holds[0].text.startswith(f"sorted() at {HELPERS}:gather"),
     ),
     # a helper nobody can follow (an attribute of unknown type) is no evidence of streaming
     "unfollowable-helper": (
@@ -228,7 +232,7 @@ SHAPES = {
         "",
         "",
         "drifted",
-        lambda path, finalizes: path.opaque and not path.materialized,
+        lambda flow, finalizes: flow.unknown and not flow.holds,
     ),
 }
 

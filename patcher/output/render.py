@@ -464,6 +464,9 @@ def deciding_lines(patch: dict, width: int) -> list[str]:
     return lines
 
 
+#: How a drifted edit's detail says why the probe proved no fix (patch_dsv4.patching.edits.NotProven).
+NOT_UPSTREAM = "; not upstream: "
+
 #: How an edit's evidence says that another tool's edit, with no equivalent here, stays
 # (patch_dsv4.patching.edits.KeptEdit).
 _KEPT = "; patch-dsv4 leaves it in place"
@@ -494,7 +497,8 @@ def _what(edit: dict) -> str:
     what = what.replace(f" in {short} ({edit['scope']})", "")
     if what.startswith(short + " "):
         what = what[len(short) + 1 :]
-    return what.split(" (was ", 1)[0]  # modified: what the edit was is said under -v
+    what = what.split(" (was ", 1)[0]  # modified: what the edit was is said under -v
+    return what.split(NOT_UPSTREAM, 1)[0]  # why it is not upstream (what the evaluator met) is said under -v
 
 
 def _edit_line(where: str, what: str, width: int) -> str:

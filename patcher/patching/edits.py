@@ -19,13 +19,44 @@ import textwrap
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
+from patch_dsv4.output.render import NOT_UPSTREAM
 from patch_dsv4.output.verdicts import Outcome, Verdict
 from patch_dsv4.patching.fingerprint import find_scope, normalize_node, statements
 from patch_dsv4.patching.patch import INJECTED_PREFIX, Context, Edit, Scope
 
-#: probe(ctx, tree) -> an UPSTREAM / NOT_APPLICABLE (or DRIFTED) answer, or None to let the anchors decide.
+
+@dataclass(frozen=True)
+class NotProven:
+    """A probe's answer when it looked for the fix and found no proof: ``why`` names the defect it found or the
+    unknown that stopped it ("unknown: <construct> at <file:function:line>"). The anchors decide the verdict, and
+    a drifted one says why it is not upstream."""
+
+    why: str
+
+
+def encode_answer(answer: Outcome | NotProven | None) -> dict:
+    """A probe's answer as a release's record keeps it."""
+    if answer is None:
+        return {"kind": "none"}
+    if isinstance(answer, NotProven):
+        return {"kind": "not-proven", "why": answer.why}
+    fields = ("detail", "variant", "expected", "found", "foreign")
+    return {"kind": "outcome", "verdict": answer.verdict.value, **{f: getattr(answer, f) for f in fields}}
+
+
+def decode_answer(data: dict) -> Outcome | NotProven | None:
+    if data["kind"] == "none":
+        return None
+    if data["kind"] == "not-proven":
+        return NotProven(data["why"])
+    fields = ("detail", "variant", "expected", "found", "foreign")
+    return Outcome(Verdict(data["verdict"]), **{f: data[f] for f in fields})
+
+
+#: probe(ctx, tree) -> an UPSTREAM / NOT_APPLICABLE (or DRIFTED) answer, NotProven (the anchors decide, and a
+#: drifted verdict says why), or None to let the anchors decide.
 #: ``tree`` is the edit's file as it is now (None when the file is absent).
-Probe = Callable[[Context, "ast.Module | None"], "Outcome | None"]
+Probe = Callable[[Context, "ast.Module | None"], "Outcome | NotProven | None"]
 
 
 def indent(code: str, spaces: int) -> str:
@@ -198,6 +229,14 @@ class ReplaceStatements(Edit):
     probe: Probe | None = field(default=None, compare=False)
     foreign: tuple[ForeignEdit, ...] = ()
     kept: tuple[KeptEdit, ...] = ()
+    # whether the probe's answer is a function of the files it reads alone (wide-swa's also reads FlashInfer's):
+    # then a release's record may answer for it where those files are the release's, byte for byte
+    recallable: bool = True
+
+    @property
+    def key(self) -> str:
+        """The edit, as a release's record names its probe's answer."""
+        return f"{self.file}::{self.scope}::{self.label}"
 
     def helper_sources(self) -> tuple[str, ...]:
         return tuple(helper_source(h) for h in self.helpers)
@@ -234,10 +273,33 @@ class ReplaceStatements(Edit):
                 evidence = other.found(tree, scope)
                 if evidence:
                     return other.outcome(self.label, where, evidence)
+        why = None
         if self.probe is not None:
-            answer = self.probe(ctx, tree)
-            if answer is not None:
+            answer = self._probe(ctx, tree, text)
+            if isinstance(answer, NotProven):
+                why = answer.why
+            elif answer is not None:
                 return answer
+        outcome = self._by_anchors(tree, scope, where)
+        if why and outcome.verdict is Verdict.DRIFTED:
+            return replace(outcome, detail=f"{outcome.detail}{NOT_UPSTREAM}{why}")
+        return outcome
+
+    def _probe(self, ctx: Context, tree: ast.Module | None, text: str | None) -> Outcome | NotProven | None:
+        """The probe's answer: recalled from the release's record where the files it read are the release's (and
+        the text judged is the file's own, not a plan's), else computed (and logged where a record is made)."""
+        if self.recallable and text == ctx.read(self.file):
+            recalled, answer = ctx.recall(self.key)
+            if recalled:
+                return decode_answer(answer)  # type: ignore[arg-type]
+        with ctx.recording() as reads:
+            answer = self.probe(ctx, tree)  # type: ignore[misc]
+        if ctx.probe_log is not None and self.recallable and text == ctx.read(self.file):  # not a plan's
+            ctx.probe_log.setdefault(self.key, (frozenset(reads | {self.file}), answer))  # its input: the file
+        return answer
+
+    def _by_anchors(self, tree: ast.Module | None, scope: ast.AST | None, where: str) -> Outcome:
+        """APPLIED, PENDING or DRIFTED from the variants' anchors and replacements in ``scope``."""
         if tree is None:
             return Outcome.not_applicable(f"{self.file} is not part of this release")
         if scope is None:

@@ -28,6 +28,10 @@ each candidate is followed):
 - ``Path.evidence()``: ``file:Qualified.name:line -> ...``, the path followed.
 - ``calls_in(func)`` / ``attribute_loads(func, "weight")``: the calls a function makes itself, and its reads
   of an attribute (``x.weight``, ``getattr(x, "weight")``), for properties checked along a walk.
+- For the evaluator (:mod:`patch_dsv4.patching.evaluate`): ``f.instances_of_attribute(cls, attr)`` (what
+  ``self.<attr>`` holds, each with the call that built it), ``f.super_method(owner, self_class, name)``
+  (``super().name``), ``f.external(module, name)`` (the dotted origin of another package's name),
+  ``f.is_dataclass(cls)`` / ``f.dataclass_default(cls, field)``, ``f.sets_attribute(cls, name)``.
 """
 
 from __future__ import annotations
@@ -73,6 +77,7 @@ class Value:
 
     defn: Definition
     instance: bool = False
+    made: ast.Call | None = field(default=None, compare=False)  # the call that built the instance, where known
 
 
 @dataclass(eq=False)
@@ -258,7 +263,9 @@ class Follower:
         if isinstance(expr, ast.Attribute):
             return [Value(d) for v in self._module_expr(module, expr.value, seen) for d in self._member(v, expr.attr)]
         if isinstance(expr, ast.Call):
-            return [Value(v.defn, True) for v in self._module_expr(module, expr.func, seen) if v.defn.kind == "class"]
+            return [
+                Value(v.defn, True, expr) for v in self._module_expr(module, expr.func, seen) if v.defn.kind == "class"
+            ]
         return []
 
     def _member(self, value: Value, attr: str) -> list[Definition]:
@@ -338,11 +345,15 @@ class Follower:
 
     def classes_of_attribute(self, cls: Definition, attr: str) -> list[Definition]:
         """The classes ``self.<attr>`` is an instance of, from its assignments in ``__init__`` (class or bases)."""
-        return list(self.ctx.memo(("attribute", id(cls.node), attr), lambda: self._classes_of_attribute(cls, attr)))
+        return _unique([v.defn for v in self.instances_of_attribute(cls, attr)])
 
-    def _classes_of_attribute(self, cls: Definition, attr: str) -> list[Definition]:
-        """The classes ``self.<attr>`` is an instance of, from its assignments in ``__init__`` (class or bases)."""
-        found: list[Definition] = []
+    def instances_of_attribute(self, cls: Definition, attr: str) -> list[Value]:
+        """What ``self.<attr>`` holds, as instances (each with the call that built it, where one did), from its
+        assignments in ``__init__`` of the class or a base, or a class attribute."""
+        return list(self.ctx.memo(("attribute", id(cls.node), attr), lambda: self._instances_of_attribute(cls, attr)))
+
+    def _instances_of_attribute(self, cls: Definition, attr: str) -> list[Value]:
+        found: list[Value] = []
         for owner in self.mro(cls):
             init = self.method(owner, "__init__")
             if init is not None and init.owner is not None and init.owner.node is owner.node:
@@ -350,19 +361,100 @@ class Follower:
                 for stmt in _function_statements(init.node):  # type: ignore[arg-type]
                     if isinstance(stmt, (ast.Assign, ast.AnnAssign)) and stmt.value is not None:
                         targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
-                        if any(ast.unparse(t) == f"self.{attr}" for t in targets):
-                            found += [v.defn for v in self.values(frame, stmt.value) if v.instance]
+                        if any(_is_self_attribute(t, attr) for t in targets):
+                            found += [v for v in self.values(frame, stmt.value) if v.instance]
+                    elif isinstance(stmt, ast.Expr) and _is_self_setattr(stmt.value, attr):
+                        found += [v for v in self.values(frame, stmt.value.args[2]) if v.instance]  # type: ignore
             for stmt in owner.node.body:  # type: ignore[union-attr]
                 # a class attribute: `mapper = WeightsMapper(...)`
                 if isinstance(stmt, (ast.Assign, ast.AnnAssign)) and stmt.value is not None:
                     targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
                     if any(isinstance(t, ast.Name) and t.id == attr for t in targets):
-                        found += [
-                            v.defn for v in self._module_expr(owner.module, stmt.value, frozenset()) if v.instance
-                        ]
+                        found += [v for v in self._module_expr(owner.module, stmt.value, frozenset()) if v.instance]
             if found:
                 break  # the most derived class's assignment is the one that holds
-        return _unique(found)
+        return _unique_values(found)
+
+    def super_method(self, owner: Definition, self_class: Definition | None, name: str) -> Definition | None:
+        """``super().name`` inside a method of ``owner``: the next class after ``owner`` in the MRO of the instance's
+        class (``self_class``, else ``owner``) that defines ``name``."""
+        order = self.mro(self_class or owner)
+        index = next((i for i, c in enumerate(order) if c.node is owner.node), None)
+        if index is None:
+            order, index = self.mro(owner), 0
+        for cls in order[index + 1 :]:
+            found = self.method(cls, name)
+            if found is not None and found.owner is not None and found.owner.node is cls.node:
+                return found
+        return None
+
+    def external(self, module: str, name: str, func: FunctionNode | None = None) -> str | None:
+        """The dotted origin of ``name`` where an import of another package binds it (``torch``, ``torch.nn``,
+        ``itertools.chain``), in ``func`` or at module level of ``module``; ``builtins.<name>`` for a builtin;
+        None where vLLM's own code or nothing binds it."""
+        if func is None:
+            return self.ctx.memo(("external", module, name), lambda: self._external(module, name, None))  # type: ignore
+        return self._external(module, name, func)
+
+    def _external(self, module: str, name: str, func: FunctionNode | None) -> str | None:
+        scopes = [list(_function_statements(func))] if func is not None else []
+        file = self.module_file(module)
+        tree = self.ctx.ast(file) if file else None
+        if tree is not None:
+            scopes.append(list(_blocks(tree.body)))
+        for statements_ in scopes:
+            for stmt in statements_:
+                origin = _imported_origin(stmt, name, module, bool(file and file.endswith("__init__.py")))
+                if origin is not None:
+                    return None if origin == "vllm" or origin.startswith("vllm.") else origin
+                if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and stmt.name == name:
+                    return None
+                if isinstance(stmt, (ast.Assign, ast.AnnAssign)):
+                    targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+                    if any(isinstance(t, ast.Name) and t.id == name for t in targets):
+                        return None
+        return f"builtins.{name}" if name in _BUILTINS else None
+
+    def sets_attribute(self, cls: Definition, name: str) -> bool:
+        """Whether the class or a base (vLLM's) sets ``name``: a class attribute, ``self.name = ...`` or
+        ``setattr(self, "name", ...)`` in a method."""
+        for owner in self.mro(cls):
+            for node in ast.walk(owner.node):  # type: ignore[arg-type]
+                if isinstance(node, (ast.Assign, ast.AnnAssign)):
+                    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                    for target in targets:
+                        if isinstance(target, ast.Name) and target.id == name and node in owner.node.body:  # type: ignore
+                            return True
+                        if isinstance(target, ast.Attribute) and target.attr == name:
+                            return True
+                elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setattr":
+                    if len(node.args) >= 2 and isinstance(node.args[1], ast.Constant) and node.args[1].value == name:
+                        return True
+        return False
+
+    def is_dataclass(self, cls: Definition) -> bool:
+        """Whether ``cls`` is declared a dataclass: its fields are the arguments that build it."""
+        return _is_dataclass_node(cls.node)
+
+    def dataclass_default(self, cls: Definition, name: str) -> ast.expr | None:
+        """The default of field ``name`` of a dataclass (the class or a base): ``x: T = value`` gives ``value``,
+        ``field(default=v)`` ``v``, ``field(default_factory=f)`` the call ``f()``; None when there is none."""
+        for owner in self.mro(cls):
+            node = owner.node
+            if not _is_dataclass_node(node):
+                continue
+            for stmt in node.body:
+                if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and stmt.target.id == name:
+                    value = stmt.value
+                    if isinstance(value, ast.Call) and ast.unparse(value.func).rsplit(".", 1)[-1] == "field":
+                        for keyword in value.keywords:
+                            if keyword.arg == "default":
+                                return keyword.value
+                            if keyword.arg == "default_factory":
+                                return ast.copy_location(ast.Call(keyword.value, [], []), keyword.value)
+                        return None
+                    return value
+        return None
 
     def registered_model(self, architecture: str) -> list[Definition]:
         """The class vLLM's model registry names for ``architecture`` (every platform's candidate)."""
@@ -421,7 +513,7 @@ class Follower:
                 if value.instance:
                     continue
                 if value.defn.kind == "class":
-                    found.append(Value(value.defn, True))
+                    found.append(Value(value.defn, True, expr))
                 elif value.defn.kind == "function" and _depth < 4:
                     found += self.returned(value.defn, _depth + 1)  # a factory: the instances it returns
             return found
@@ -518,6 +610,49 @@ class Follower:
                         continue
                     seen.add((key, id(call)))
                     queue.append(Path(path.start, (*path.hops, Hop(frame, call, callee))))
+
+
+def _is_dataclass_node(node: ast.AST | None) -> bool:
+    decorators = getattr(node, "decorator_list", [])
+    return "dataclass" in [ast.unparse(d).split("(")[0].rsplit(".", 1)[-1] for d in decorators]
+
+
+def _is_self_setattr(call: ast.expr, attr: str) -> bool:
+    """``setattr(self, "<attr>", value)``."""
+    return (
+        isinstance(call, ast.Call)
+        and isinstance(call.func, ast.Name)
+        and call.func.id == "setattr"
+        and len(call.args) == 3
+        and isinstance(call.args[0], ast.Name)
+        and call.args[0].id == "self"
+        and isinstance(call.args[1], ast.Constant)
+        and call.args[1].value == attr
+    )
+
+
+def _is_self_attribute(target: ast.expr, attr: str) -> bool:
+    return (
+        isinstance(target, ast.Attribute)
+        and target.attr == attr
+        and isinstance(target.value, ast.Name)
+        and target.value.id == "self"
+    )
+
+
+def _imported_origin(stmt: ast.stmt, name: str, module: str, is_package: bool) -> str | None:
+    """The dotted name an import statement binds ``name`` to, or None."""
+    if isinstance(stmt, ast.Import):
+        for alias in stmt.names:
+            if alias.asname == name:
+                return alias.name
+            if alias.asname is None and alias.name.split(".")[0] == name:
+                return name
+    if isinstance(stmt, ast.ImportFrom):
+        for alias in stmt.names:
+            if (alias.asname or alias.name) == name:
+                return f"{absolute_module(module, is_package, stmt.level, stmt.module)}.{alias.name}"
+    return None
 
 
 def attribute_loads(func: FunctionNode, attr: str) -> list[ast.Attribute]:

@@ -72,6 +72,7 @@ class Context:
         check_installed: Callable[[str, bytes | None], str | None] = lambda _relpath, _data: None,
         flashinfer_given: bool = False,
         flashinfer_pin_served: bool | None = None,
+        recorded: dict | None = None,
     ) -> None:
         self.vllm_version = vllm_version
         self.flashinfer_version = flashinfer_version
@@ -88,6 +89,10 @@ class Context:
         self._readers: list[set[str]] = []
         self._lookups: list[set[tuple[str, str, bool]]] = []
         self._memo: dict[tuple, tuple[object, frozenset[str], frozenset[tuple[str, str, bool]]]] = {}
+        # probe answers recorded for a release (anchors/: key -> the sha256 of each file the probe read, and its
+        # answer); None where nothing is recorded
+        self._recorded = recorded
+        self.probe_log: dict[str, tuple[frozenset[str], object]] | None = None  # filled when a record is made
 
     @classmethod
     def from_texts(
@@ -196,6 +201,23 @@ class Context:
         for recorded in self._lookups:
             recorded.update(lookups)
         return result
+
+    def recall(self, key: str) -> tuple[bool, object]:
+        """(whether it is recalled, the answer) of the probe ``key`` where its release's record holds one and
+        every file that probe read there is here, byte for byte (the same bytes give the same answer), and none
+        is a file pip did not install as it is; the files are read (and counted as read) either way."""
+        entry = self._recorded.get(key) if self._recorded else None
+        if entry is None:
+            return False, None
+        import hashlib
+
+        for relpath, sha in entry["files"].items():
+            data = self.raw(relpath)
+            if self.problem(relpath) is not None:
+                return False, None
+            if (None if data is None else hashlib.sha256(data).hexdigest()) != sha:
+                return False, None
+        return True, entry["answer"]
 
     def read_flashinfer(self, relpath: str) -> str | None:
         data = self._read_flashinfer_bytes(relpath)

@@ -126,6 +126,7 @@ def _judge(target: ReleaseTarget, patches: list[Patch] | None = None) -> _Judged
 
     patches = discover_patches() if patches is None else patches
     ctx = target.context()
+    ctx.probe_log = {}  # each probe's answer and the files it read: what a record keeps
     judgement = judge(ctx, patches)
     reports = as_opt_in(tuple(patch_report(patch, judgement) for patch in patches), patches, set())
     originals = {rel: ctx.read(rel) for rel in judgement.originals}
@@ -339,9 +340,16 @@ def record(target: ReleaseTarget, wheel_name: str | None = None) -> dict:
                 for edit, outcome, fp in _fingerprints(judged, report.id)
             ],
         }
+    from patch_dsv4.patching.edits import encode_answer
+
+    probes = {
+        key: {"files": {rel: _sha256(target, rel) for rel in sorted(reads)}, "answer": encode_answer(answer)}
+        for key, (reads, answer) in (judged.ctx.probe_log or {}).items()
+    }
     return {
         "schema": anchors_store.SCHEMA_VERSION,
         "vllm_version": target.vllm_version,
+        "probes": probes,
         "flashinfer": {"version": target.flashinfer_version, "source": target.flashinfer_source},
         "wheel": wheel_name,
         "files": {rel: _sha256(target, rel) for rel in judged.ctx.files_read()},

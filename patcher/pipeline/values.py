@@ -98,12 +98,14 @@ def context_for(
     overlay: dict[str, bytes] | None = None,
     trust_overlay: bool = True,
     read: Callable[[str], bytes | None] | None = None,
+    recorded: dict | None = None,
 ) -> Context:
     """A Context over the environment's files; ``overlay`` replaces some of them (planned or backed-up bytes).
 
     A file is taken as installed when pip's RECORD has its hash, or when the
     state says we wrote it (or accepted it with ``--force``), or (``trust_overlay``)
     when it is one of the overlay's. ``read`` reads a file of the tree (default: from disk, each time).
+    ``recorded``: the probe answers the release's record holds (recalled where the files are the release's).
     """
     accepted: dict[str, set[str]] = {}
     if view.kind == "current" and view.manifest is not None:
@@ -136,6 +138,7 @@ def context_for(
         read_bytes=read_bytes,
         read_flashinfer_bytes=env.read_flashinfer,
         check_installed=check_installed,
+        recorded=recorded,
     )
 
 
@@ -207,7 +210,8 @@ class Snapshot:
 
     def context(self, overlay: dict[str, bytes] | None = None) -> Context:
         """The tree as it is (files we wrote count as installed), with ``overlay`` in place of some files."""
-        return context_for(self.env, self.view, overlay, read=self.bytes_of)
+        recorded = self.build.record.get("probes") if self.build.record else None
+        return context_for(self.env, self.view, overlay, read=self.bytes_of, recorded=recorded)
 
     def reverted_context(self, restore: dict[str, bytes]) -> Context:
         """The tree as revert leaves it: ``restore`` in place, judged as a tree without a state is."""

@@ -36,23 +36,45 @@ def anchors_path(vllm_version: str, directory: Path | None = None) -> Path:
     return (directory or anchors_dir()) / f"vllm-{vllm_version}.json"
 
 
+def probes_path(vllm_version: str, directory: Path | None = None) -> Path:
+    """Where a record's probe answers lie, beside it: only judging reads them, never verify's fast path or the
+    guard (which read the record itself, kept as small as it was)."""
+    return (directory or anchors_dir()) / f"vllm-{vllm_version}.probes.json"
+
+
+def split(record: dict) -> tuple[dict, dict | None]:
+    """(the record without its probe answers, the probe answers)."""
+    main = {k: v for k, v in record.items() if k != "probes"}
+    return main, record.get("probes")
+
+
 def dumps(record: dict) -> str:
     """The one serialization of a record: sorted keys, so a fresh one compares byte for byte."""
     return json.dumps(record, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
 
 
 def load(vllm_version: str, directory: Path | None = None) -> dict | None:
+    """The record of a release, its probe answers included (``probes``) where they are recorded."""
     try:
-        return json.loads(anchors_path(vllm_version, directory).read_text(encoding="utf-8"))
+        record = json.loads(anchors_path(vllm_version, directory).read_text(encoding="utf-8"))
     except FileNotFoundError:
         return None
+    try:
+        record["probes"] = json.loads(probes_path(vllm_version, directory).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        pass
+    return record
 
 
 def recorded_versions(directory: Path | None = None) -> list[str]:
     """Every release with a record, in version order."""
     from packaging.version import InvalidVersion, Version
 
-    found = [p.name[len("vllm-") : -len(".json")] for p in (directory or anchors_dir()).glob("vllm-*.json")]
+    found = [
+        p.name[len("vllm-") : -len(".json")]
+        for p in (directory or anchors_dir()).glob("vllm-*.json")
+        if not p.name.endswith(".probes.json")
+    ]
 
     def key(v: str):
         try:
@@ -157,7 +179,10 @@ def write(record: dict, directory: Path | None = None) -> Path:
 
     path = anchors_path(record["vllm_version"], directory)
     path.parent.mkdir(parents=True, exist_ok=True)
-    mode = path.stat().st_mode & 0o7777 if path.exists() else 0o644
-    with Dir.open(path.parent) as parent:
-        parent.write_atomic(path.name, dumps(record).encode("utf-8"), Owner(os.geteuid(), os.getegid(), mode))
+    main, probes = split(record)
+    written = [(path, main)] + ([(probes_path(record["vllm_version"], directory), probes)] if probes else [])
+    for target, data in written:
+        mode = target.stat().st_mode & 0o7777 if target.exists() else 0o644
+        with Dir.open(target.parent) as parent:
+            parent.write_atomic(target.name, dumps(data).encode("utf-8"), Owner(os.geteuid(), os.getegid(), mode))
     return path
