@@ -75,10 +75,11 @@ def check() -> None:
         served = fingerprint_of() if wanted and fingerprint_of is not None else None
         differs = _differences(served)
     except Unreadable as exc:  # a malformed state or dist-info: named, never judged around
-        message = (
-            f"patch-dsv4 cannot check this vLLM: {exc}; run patch-dsv4 status --python {sys.executable} "
-            f"(or set {ENV}=off)"
-        )
+        if exc.path == "manifest.json":  # patch_dsv4.tree.installed.MANIFEST: apply rebuilds it from proof
+            repair = f"run patch-dsv4 apply --python {sys.executable}, which rebuilds it from proof or says why not"
+        else:
+            repair = f"run patch-dsv4 status --python {sys.executable}"
+        message = f"patch-dsv4 cannot check this vLLM: {exc}; {repair} (or set {ENV}=off)"
         if mode == "strict":
             raise PatchesNotInPlace(message) from None
         if not _reported:

@@ -75,6 +75,35 @@ def _all_refused(cli, tree: Path, outside: Path, words=("unreadable state",)) ->
     assert _snapshot(tree, outside) == before
 
 
+def _patched_files(tree: Path) -> list[str]:
+    """The files of ``tree``'s model packages that are not what pip installed (for the trees here: ours)."""
+    from tests.releases import pristine_tree
+
+    pristine = content_snapshot(pristine_tree("0.30.0"), "vllm/models")
+    return sorted(rel for rel, sha in content_snapshot(tree, "vllm/models").items() if pristine.get(rel) != sha)
+
+
+def _refused_then_rebuilt(cli, tree: Path, outside: Path) -> None:
+    """A forged manifest: status and verify refuse it in one line (exit 2), writing nothing, and name apply; apply
+    rebuilds the state from proof alone, never from what the manifest names: nothing outside is touched, the
+    forged manifest is kept as it was, and the new state names only the files that carry our edits."""
+    before, outside_before = _snapshot(tree, outside), _snapshot(outside)
+    forged = (tree / MANIFEST).read_bytes()
+    for command in ("status", "verify"):
+        result = cli(command, "--site-packages", tree)
+        assert result.code == 2, (command, result.stdout, result.stderr)
+        line = _one_line(result)
+        assert "unreadable state" in line and f"(next: patch-dsv4 apply --site-packages {tree} (rebuilds" in line
+    assert _snapshot(tree, outside) == before
+    rebuilt = cli("apply", "--site-packages", tree)
+    assert rebuilt.code == 0, rebuilt.stderr
+    assert _snapshot(outside) == outside_before
+    (kept,) = (tree / ".patch-dsv4" / "saved-edits").glob("*/manifest.json.unreadable")
+    assert kept.read_bytes() == forged
+    assert sorted(json.loads((tree / MANIFEST).read_text())["files"]) == _patched_files(tree)
+    assert cli("verify", "--site-packages", tree).code == 0
+
+
 def _move_key(data: dict, old: str, new: str) -> None:
     data["files"][new] = data["files"].pop(old)
 
@@ -95,7 +124,7 @@ def _move_key(data: dict, old: str, new: str) -> None:
 def test_manifest_file_outside_what_patches_edit(forged, applied, cli):
     tree, outside = applied
     _forge(tree, lambda d: _move_key(d, VL_MODEL, forged))
-    _all_refused(cli, tree, outside)
+    _refused_then_rebuilt(cli, tree, outside)
 
 
 @pytest.mark.parametrize(
@@ -137,7 +166,7 @@ def test_manifest_file_outside_what_patches_edit(forged, applied, cli):
 def test_malformed_journal_or_manifest(change, applied, cli):
     tree, outside = applied
     _forge(tree, change)
-    _all_refused(cli, tree, outside)
+    _refused_then_rebuilt(cli, tree, outside)
 
 
 @pytest.mark.parametrize(
@@ -146,7 +175,7 @@ def test_malformed_journal_or_manifest(change, applied, cli):
 def test_manifest_not_an_object_or_nested_deep(text, applied, cli):
     tree, outside = applied
     (tree / MANIFEST).write_text(text)
-    _all_refused(cli, tree, outside)
+    _refused_then_rebuilt(cli, tree, outside)
 
 
 def test_fifo_in_the_state_never_hangs(applied, cli):
@@ -213,6 +242,136 @@ def test_backup_with_other_bytes_is_never_restored(applied, cli):
     assert result.code == 1, result.stderr
     assert "backup" in _one_line(result)
     assert _snapshot(tree, outside) == before
+
+
+# -- a state without a manifest: rebuilt from what is inside the environment only ---------------------------------
+def test_a_lost_state_never_takes_pip_bytes_through_a_linked_backup(applied, cli):
+    """A link to a file holding exactly pip's bytes, where a backup would be: never read, and the state is not
+    rebuilt on it (its file carries our edits)."""
+    tree, outside = applied
+    backup = tree / ".patch-dsv4" / "backups" / VL_MODEL
+    shutil.copy(backup, outside / "copy.py")
+    backup.unlink()
+    backup.symlink_to(outside / "copy.py")
+    (tree / MANIFEST).unlink()
+    before = _snapshot(tree, outside)
+    for command in ("apply", "revert"):
+        result = cli(command, "--site-packages", tree)
+        assert result.code == 2, result.stderr
+        line = _one_line(result)
+        assert f"cannot rebuild the state {tree / '.patch-dsv4'}: it has no manifest, and {VL_MODEL}" in line
+        assert "its backup in .patch-dsv4/backups/ is not a regular file" in line
+    assert _snapshot(tree, outside) == before
+
+
+@pytest.mark.parametrize("wheel_cached", [False, True], ids=["no-wheel", "wheel-cached"])
+def test_a_lost_state_never_walks_a_linked_part_of_its_backups(wheel_cached, applied, cli, monkeypatch, tmp_path):
+    """backups/vllm/models is a link to a directory elsewhere holding pip's bytes: never followed. Without the
+    release's wheel nothing proves them (refused); with it, the state is rebuilt from the wheel and the link is
+    set aside as it is (moved, not followed)."""
+    from tests.releases import cache_dir, wheel
+
+    monkeypatch.setenv("PATCH_DSV4_CACHE", str(cache_dir() if wheel_cached else tmp_path / "empty-cache"))
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    if wheel_cached:
+        wheel("vllm", "0.30.0")
+    tree, outside = applied
+    part = tree / ".patch-dsv4" / "backups" / "vllm" / "models"
+    shutil.move(str(part), outside / "models")
+    part.symlink_to(outside / "models", target_is_directory=True)
+    (tree / MANIFEST).unlink()
+    before, outside_before = _snapshot(tree, outside), _snapshot(outside)
+    result = cli("apply", "--site-packages", tree)
+    assert _snapshot(outside) == outside_before
+    if not wheel_cached:
+        assert result.code == 2
+        line = _one_line(result)
+        assert f"{VL_MODEL} carries patch-dsv4's edits, but no backup holds pip's bytes: cannot fetch" in line
+        assert _snapshot(tree, outside) == before
+        return
+    assert result.code == 0, result.stderr
+    (aside,) = (tree / ".patch-dsv4" / "saved-edits").glob("*/backups/vllm/models")
+    assert aside.is_symlink() and os.readlink(aside) == str(outside / "models")
+    assert sorted(json.loads((tree / MANIFEST).read_text())["files"]) == _patched_files(tree)
+    assert cli("revert", "--site-packages", tree).code == 0 and _patched_files(tree) == []
+    assert _snapshot(outside) == outside_before
+
+
+def test_a_lost_state_sets_aside_backups_of_files_no_patch_edits_or_not_in_record(applied, cli):
+    """Backups of a real file no patch edits, of a file RECORD lists but no patch edits, of a file a patch edits
+    that this release does not have, and a FIFO: none is read for the proof or restored, each set aside whole."""
+    tree, outside = applied
+    backups = tree / ".patch-dsv4" / "backups"
+    odd = {
+        "vllm/models/deepseek_v4/nvidia/ops/o_proj.py": b"# not pip's\n",
+        "vllm/__init__.py": (tree / "vllm" / "__init__.py").read_bytes(),
+        "vllm/models/deepseek_v4_1/nvidia/vl_model.py": b"# no such file in 0.30.0\n",
+    }
+    for relpath, data in odd.items():
+        (backups / relpath).parent.mkdir(parents=True, exist_ok=True)
+        (backups / relpath).write_bytes(data)
+    os.mkfifo(backups / "vllm" / "fifo.py")
+    (tree / MANIFEST).unlink()
+    pristine_init = (tree / "vllm" / "__init__.py").read_bytes()
+    applied_files = _patched_files(tree)
+    result = cli("apply", "--site-packages", tree, "--json")
+    assert result.code == 0, result.stderr
+    assert "4 backup(s) that are not their file's bytes kept in .patch-dsv4/saved-edits/" in result.json()["notes"][0]
+    assert sorted(json.loads((tree / MANIFEST).read_text())["files"]) == applied_files
+    (run,) = (tree / ".patch-dsv4" / "saved-edits").iterdir()
+    for relpath, data in odd.items():
+        assert (run / "backups" / relpath).read_bytes() == data and not (backups / relpath).exists()
+    assert stat.S_ISFIFO((run / "backups" / "vllm" / "fifo.py").lstat().st_mode)
+    assert cli("revert", "--site-packages", tree).code == 0
+    assert _patched_files(tree) == [] and (tree / "vllm" / "__init__.py").read_bytes() == pristine_init
+
+
+def test_a_lost_state_walks_only_the_way_to_the_files_patches_edit(applied, cli):
+    """Under backups/, a tree of directories deeper than Python recurses and wider than a process may hold open,
+    where no patch edits a file: each top directory is one entry, moved aside whole, never walked."""
+    tree, outside = applied
+    backups = tree / ".patch-dsv4" / "backups"
+    deep = backups / "vllm" / "deep"
+    deep.mkdir()
+    fd = os.open(deep, os.O_RDONLY)
+    try:
+        for _ in range(1500):  # made relative to each new directory: no path grows past PATH_MAX
+            os.mkdir("d", dir_fd=fd)
+            child = os.open("d", os.O_RDONLY, dir_fd=fd)
+            os.close(fd)
+            fd = child
+    finally:
+        os.close(fd)
+    wide = backups / "vllm" / "models" / "wide"
+    for index in range(2000):
+        (wide / str(index)).mkdir(parents=True)
+    (tree / MANIFEST).unlink()
+    outside_before = _snapshot(outside)
+    try:
+        result = cli("apply", "--site-packages", tree, "--json")
+        assert result.code == 0, result.stderr
+        note = result.json()["notes"][0]
+        assert "2 backup(s) that are not their file's bytes kept in .patch-dsv4/saved-edits/" in note
+        (run,) = (tree / ".patch-dsv4" / "saved-edits").iterdir()
+        assert (run / "backups" / "vllm" / "deep" / "d" / "d").is_dir() and not deep.exists()
+        assert len(list((run / "backups" / "vllm" / "models" / "wide").iterdir())) == 2000
+        assert sorted(json.loads((tree / MANIFEST).read_text())["files"]) == _patched_files(tree)
+        assert _snapshot(outside) == outside_before
+        assert cli("verify", "--site-packages", tree).code == 0
+    finally:  # shutil.rmtree recurses: the fixture could not remove it
+        for top in (deep, *(tree / ".patch-dsv4" / "saved-edits").glob("*/backups/vllm/deep")):
+            _remove_chain(top)
+
+
+def _remove_chain(top: Path) -> None:
+    """Remove a chain of directories named "d" below ``top``, one level a step (no recursion, short paths)."""
+    while (top / "d").is_dir():
+        if (top / "d" / "d").is_dir():
+            os.rename(top / "d" / "d", top / "next")
+            os.rmdir(top / "d")
+            os.rename(top / "next", top / "d")
+        else:
+            os.rmdir(top / "d")
 
 
 def test_lock_path_that_is_a_symlink(make_tree, cli, tmp_path):

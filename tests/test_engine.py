@@ -59,7 +59,7 @@ def test_vllm_without_deepseek_v4(tmp_path, cli):
 
 
 @pytest.mark.parametrize("damage", ["truncated", "not-utf8", "wrong-schema"])
-def test_damaged_state_is_exit_2_and_nothing_written(damage, make_tree, cli):
+def test_damaged_state_is_exit_2_for_status_and_verify_and_apply_rebuilds_it(damage, make_tree, cli):
     tree = make_tree("0.30.0")
     assert cli("apply", "--site-packages", tree).code == 0
     manifest = tree / ".patch-dsv4" / "manifest.json"
@@ -71,11 +71,15 @@ def test_damaged_state_is_exit_2_and_nothing_written(damage, make_tree, cli):
     else:
         manifest.write_text(json.dumps({**json.loads(data), "schema": 99}))
     before = stat_snapshot(tree)
-    for command in ("status", "verify", "apply", "revert"):
+    for command in ("status", "verify"):
         result = cli(command, "--site-packages", tree)
         assert result.code == 2, (command, result.stdout, result.stderr)
-        assert "unreadable state" in _one_line(result.stderr)
+        line = _one_line(result.stderr)
+        assert "unreadable state" in line and f"(next: patch-dsv4 apply --site-packages {tree} (rebuilds" in line
     assert stat_snapshot(tree) == before
+    rebuilt = cli("apply", "--site-packages", tree, "--json")
+    assert rebuilt.code == 0 and rebuilt.json()["notes"][0].startswith("rebuilt the state (5 file(s), vLLM 0.30.0)")
+    assert cli("verify", "--site-packages", tree).code == 0
 
 
 def test_hand_changed_file_refused_unless_force(make_tree, cli):

@@ -111,16 +111,36 @@ def _guard_says(tree, running, monkeypatch, *words, expect: str | None = None) -
 
 
 @pytest.mark.parametrize("case", list(MANIFESTS))
-def test_a_hostile_manifest_is_one_line_everywhere_and_never_a_pass(case, make_tree, cli, running, monkeypatch):
+def test_a_hostile_manifest_is_one_line_never_a_pass_and_apply_rebuilds_it(case, make_tree, cli, running, monkeypatch):
+    """verify, status and the guard refuse it in one line naming it, and name the repair: apply, which rebuilds the
+    state from proof alone and keeps the manifest it could not read (never deleted)."""
     tree = make_tree("0.30.0")
     assert cli("apply", "--site-packages", tree).code == 0
+    state = tree / ".patch-dsv4"
+    written = (state / "manifest.json").read_bytes()
     damage, word = MANIFESTS[case]
-    damage(tree / ".patch-dsv4" / "manifest.json")
+    damage(state / "manifest.json")
+    damaged = os.lstat(state / "manifest.json")
     before = stat_snapshot(tree)
-    for command in ("verify", "status", "apply", "revert"):
-        _one_line(cli(command, "--site-packages", tree), "unreadable state", "manifest.json", word)
+    repair = f"(next: patch-dsv4 apply --site-packages {tree} (rebuilds it with pip's bytes from their backups in"
+    for command in ("verify", "status"):
+        line = _one_line(cli(command, "--site-packages", tree), "unreadable state", "manifest.json", word)
+        assert repair in line, line
     assert stat_snapshot(tree) == before  # refused: nothing written
-    _guard_says(tree, running, monkeypatch, "manifest.json", word)
+    message = _guard_says(tree, running, monkeypatch, "manifest.json", word)
+    assert "run patch-dsv4 apply --python " in message and "rebuilds it from proof" in message
+
+    rebuilt = cli("apply", "--site-packages", tree, "--json")
+    assert rebuilt.code == 0, rebuilt.stderr
+    (note,) = [n for n in rebuilt.json()["notes"] if "rebuilt" in n]
+    assert note.startswith("rebuilt the state (5 file(s), vLLM 0.30.0): pip's bytes from their backups in ")
+    (kept,) = glob.glob(str(state / "saved-edits" / "*" / "manifest.json.unreadable"))
+    assert f"the unreadable manifest kept in .patch-dsv4/saved-edits/{kept.split('/')[-2]}/" in note
+    assert os.lstat(kept)[:2] == damaged[:2]  # the very file (mode, inode), set aside
+    assert json.loads((state / "manifest.json").read_text())["files"] == json.loads(written)["files"]
+    assert cli("verify", "--site-packages", tree).code == 0
+    again = stat_snapshot(tree)
+    assert cli("apply", "--site-packages", tree).code == 0 and stat_snapshot(tree) == again  # a no-op, truly
 
 
 def test_a_symlinked_state_directory_is_refused_naming_it(make_tree, cli, running, monkeypatch, tmp_path):

@@ -1,6 +1,7 @@
 """The commands: status, verify, apply (and takeover), revert over one Environment, each one pipeline.
 
-    lock -> recover -> read -> judge -> [takeover: plan the restores -> judge the restored bytes]
+    lock -> [a lost state: read -> judge -> prove -> plan the state -> commit it] -> recover
+         -> read -> judge -> [takeover: plan the restores -> judge the restored bytes]
          -> plan -> judge the planned bytes -> refuse, or commit -> report
 
 Each step is a function of its own module (:mod:`~patch_dsv4.pipeline.reading`,
@@ -18,12 +19,21 @@ from dataclasses import replace
 
 from patch_dsv4.fastpath import quick
 from patch_dsv4.fastpath.serving import Fingerprint, of_recorded
-from patch_dsv4.output.errors import AGAIN, EXIT_NEEDS_ACTION, EXIT_OK, EnvironmentProblem, Refused
+from patch_dsv4.output.errors import AGAIN, EXIT_NEEDS_ACTION, EXIT_OK, EnvironmentProblem, PatcherError
 from patch_dsv4.output.verdicts import Report, next_step
 from patch_dsv4.patching.registry import discover_patches
-from patch_dsv4.pipeline.judge import judge_found, judge_planned, judge_reverted, judge_state
-from patch_dsv4.pipeline.planning import options, plan_apply, plan_revert, record_judgement
-from patch_dsv4.pipeline.reading import read_snapshot, state_store, with_wheel, write_denied
+from patch_dsv4.pipeline.judge import judge_found, judge_planned, judge_rebuild, judge_reverted, judge_state
+from patch_dsv4.pipeline.planning import (
+    lost_note,
+    options,
+    plan_apply,
+    plan_rebuild,
+    plan_revert,
+    rebuilt_note,
+    record_judgement,
+    unreadable_state,
+)
+from patch_dsv4.pipeline.reading import read_lost, read_snapshot, state_store, with_wheel, write_denied
 from patch_dsv4.pipeline.reporting import (
     committed_report,
     dry_run_report,
@@ -32,8 +42,8 @@ from patch_dsv4.pipeline.reporting import (
     status_report,
 )
 from patch_dsv4.pipeline.takeover import plan_restores
-from patch_dsv4.pipeline.transaction import commit, recover
-from patch_dsv4.pipeline.values import Plan, as_opt_in, to_restore
+from patch_dsv4.pipeline.transaction import commit, commit_rebuild, recover
+from patch_dsv4.pipeline.values import LostState, Plan, Rebuild, as_opt_in, to_restore
 from patch_dsv4.tree.environment import Environment
 from patch_dsv4.tree.fs import checkpoint
 
@@ -48,10 +58,19 @@ def status(env: Environment, command: str = "status", lock_timeout: float = 300.
     asked = options(patches, with_=with_).with_
     store = state_store(env, patches)
     with store.wait_unlocked(lock_timeout, on_wait):
-        snapshot = read_snapshot(env, store, patches)
+        lost = read_lost(env, store, absent_too=True)
+        snapshot = read_snapshot(env, store, patches, None if lost else True, lost=lost)
         judged = judge_state(snapshot)
         refuse(judged.refusal)
-        return status_report(snapshot, judged, command, asked)
+        notes, rebuilt = [], set()
+        if lost is not None:  # said as the next apply or revert will do it: the plan they make, nothing fetched
+            proofs = judge_rebuild(with_wheel(snapshot, fetch=False), judged)
+            rebuild = plan_rebuild(snapshot, proofs, "status")
+            if lost.unreadable:  # never a report of a state that cannot be read (verify: never a pass)
+                raise unreadable_state(snapshot, rebuild)
+            notes = [note for note in (lost_note(snapshot, rebuild),) if note]
+            rebuilt = set(rebuild.manifest.files) if rebuild.manifest is not None else set()
+        return status_report(snapshot, judged, command, asked, notes, rebuilt)
 
 
 def verify(env: Environment, lock_timeout: float = 300.0, on_wait=None, with_=None) -> Report:
@@ -106,8 +125,14 @@ def apply(
         refuse_unwritable(env, opts.command)
     store = state_store(env, patches)
     with store.wait_unlocked(lock_timeout, on_wait) if dry_run else store.lock(lock_timeout, on_wait):
-        notes, manifest, refusal = ([], True, None) if dry_run else recover(env, store)
-        refuse(refusal)
+        lost, notes, manifest = read_lost(env, store), [], True
+        if lost is not None:
+            rebuilt, notes = rebuild(env, store, patches, lost, opts.command, dry_run)
+            manifest = rebuilt.manifest if dry_run else True
+        if not dry_run:
+            recovered, manifest, refusal = recover(env, store)
+            notes += recovered
+            refuse(refusal)
         snapshot = read_snapshot(env, store, patches, manifest, vouch=not dry_run)
         if takeover:  # read, judge as found, plan the restores; then judge the restored bytes
             found = judge_found(with_wheel(snapshot))
@@ -140,7 +165,11 @@ def revert(env: Environment, lock_timeout: float = 300.0, discard_local_edits: b
     refuse_unwritable(env, "revert")
     store = state_store(env, patches)
     with store.lock(lock_timeout, on_wait):
-        notes, manifest, refusal = recover(env, store)
+        lost, notes = read_lost(env, store, absent_too=True), []
+        if lost is not None:
+            notes = rebuild(env, store, patches, lost, "revert")[1]
+        recovered, manifest, refusal = recover(env, store)
+        notes += recovered
         refuse(refusal)
         snapshot = read_snapshot(env, store, patches, manifest, revert=discard_local_edits)
         reverted = judge_reverted(snapshot, to_restore(snapshot.view))
@@ -149,7 +178,28 @@ def revert(env: Environment, lock_timeout: float = 300.0, discard_local_edits: b
         return committed_report(plan, commit(plan))
 
 
-def refuse(refusal: Refused | None, plan: Plan | None = None) -> None:
+def rebuild(
+    env: Environment, store, patches, lost: LostState, command: str, dry_run: bool = False
+) -> tuple[Rebuild, list[str]]:
+    """Rebuild a state without a manifest to go by (call with the lock held, or, for a dry run, none taken and
+    nothing written), from proof alone: the tree judged without a state, pip's bytes of each file carrying our edits
+    (its backup, else a backup beside it or the release's wheel, fetched where needed), each by RECORD's sha256, and
+    those edits written again on them. The plan, and the one line that says what was done; refused (nothing
+    written) where anything is not proven."""
+    snapshot = with_wheel(read_snapshot(env, store, patches, None, lost=lost))
+    judged = judge_state(snapshot)
+    refuse(judged.refusal)
+    planned = plan_rebuild(snapshot, judge_rebuild(snapshot, judged), command)
+    refuse(planned.refusal)
+    if dry_run:
+        kept_in = ""
+    else:
+        kept_in = planned.kept_in = commit_rebuild(store, planned) if planned.writes else ""
+    note = rebuilt_note(snapshot, planned, kept_in, dry_run)
+    return planned, [note] if note else []
+
+
+def refuse(refusal: PatcherError | None, plan: Plan | None = None) -> None:
     """Raise ``refusal`` (a value of recovery, of judging or of the plan), where there is one: the one place a
     command refuses. A refused apply carries the report of its ``plan``."""
     if refusal is None:

@@ -22,11 +22,13 @@ from patch_dsv4.pipeline.values import (  # noqa: F401 - as_opt_in re-exported
     Judged,
     Judgement,
     Planned,
+    Proof,
     Restore,
     Snapshot,
     StateView,
     as_opt_in,
 )
+from patch_dsv4.tree.environment import record_digest
 from patch_dsv4.tree.fs import sha256_bytes
 
 
@@ -350,3 +352,62 @@ def _outdated_edits(
                     f"{edit.label}: {edit.file} holds this edit as an older patch-dsv4 wrote it; apply rewrites it"
                 )
     return found
+
+
+# -- a lost state: what proves the state to rebuild ------------------------------------------------------------------
+def judge_rebuild(state: Snapshot, judged: Judged) -> list[Proof]:
+    """For each file of ``state`` (a lost state, judged without one as ``judged``) that carries our edits (judged
+    applied, by their markers), what would prove a state naming it: pip's bytes, and what those edits write on them.
+
+    pip's bytes are the file's backup in our state where its sha256 is the one RECORD lists (a backup that is
+    not is never replaced by other bytes: it may hold what ``apply --force`` patched, which revert must give
+    back); where there is none, a backup beside the file or the release's wheel, each checked against RECORD
+    (as takeover reads them). The edits that stand applied are then judged and written on those bytes, as apply
+    writes them: the file must be exactly that, or nothing proves what it is.
+    """
+    lost = state.lost
+    applied: dict[str, dict[str, None]] = {}  # file -> the patches whose edits stand applied there
+    edits = set()
+    for patch_id, pairs in judged.now.outcomes.items():
+        for edit, outcome in pairs:
+            if outcome.verdict is Verdict.APPLIED:
+                applied.setdefault(edit.file, {})[patch_id] = None
+                edits.add((patch_id, edit.label, edit.file))
+    proofs: dict[str, Proof] = {}
+    for relpath in sorted(applied):
+        now, recorded = state.bytes_of(relpath), state.env.recorded_hash(relpath)
+        proof = Proof(relpath, tuple(applied[relpath]), now, None, "")
+        if recorded is None:
+            proofs[relpath] = replace(proof, source="pip's RECORD does not list it")
+        elif relpath in lost.backups:
+            backup = lost.backups[relpath]
+            if backup is not None and record_digest(backup) == recorded:
+                proofs[relpath] = replace(proof, pip=backup, source="backup")
+            else:
+                why = "is not a regular file" if backup is None else "is not what pip installed (RECORD's sha256)"
+                proofs[relpath] = replace(proof, source=f"its backup in {state.store.dir_path.name}/backups/ {why}")
+        else:
+            found = state.pip_copy(relpath)
+            wheel = state.wheel
+            if found is not None:
+                proofs[relpath] = replace(proof, pip=found[1], source=found[0])
+            else:
+                why = f": {wheel.problem}" if wheel is not None and wheel.problem else ""
+                fetch = wheel is not None and wheel.uncached
+                proofs[relpath] = replace(proof, source=f"no backup holds pip's bytes{why}", fetch=fetch)
+    proven = {rel: p.pip for rel, p in proofs.items() if p.pip is not None}
+    if proven:
+        ctx = state.context(proven)
+        base = judge(ctx, state.patches, plan=False)
+        chosen = {
+            pid: [(e, o) for e, o in pairs if (pid, e.label, e.file) in edits and e.file in proven]
+            for pid, pairs in base.outcomes.items()
+        }
+        written = plan_files(ctx, chosen, sorted(proven), set(chosen))
+        for relpath, data in proven.items():
+            pending = all(
+                o.verdict is Verdict.PENDING for pairs in chosen.values() for e, o in pairs if e.file == relpath
+            )
+            if pending:
+                proofs[relpath] = replace(proofs[relpath], written=written.get(relpath, data))
+    return list(proofs.values())

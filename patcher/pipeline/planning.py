@@ -22,6 +22,8 @@ from patch_dsv4.pipeline.values import (
     Options,
     Plan,
     Planned,
+    Proof,
+    Rebuild,
     Restore,
     Snapshot,
     as_opt_in,
@@ -30,7 +32,7 @@ from patch_dsv4.pipeline.values import (
     unrecorded_notes,
 )
 from patch_dsv4.tree.fs import sha256_bytes
-from patch_dsv4.tree.state import STATE_DIR, FileEntry, Manifest
+from patch_dsv4.tree.state import SAVED_EDITS, STATE_DIR, FileEntry, Manifest
 
 
 def options(
@@ -374,3 +376,166 @@ def plan_revert(
     plan.summary = f"restored {len(plan.new)} file(s)"
     plan.installed_after = {rel: view.manifest.files[rel].before for rel in plan.new}
     return plan
+
+
+# -- a lost state, rebuilt ----------------------------------------------------------------------
+def plan_rebuild(state: Snapshot, proofs: list[Proof], command: str = "apply") -> Rebuild:
+    """The state to write where ``state`` has no manifest to go by (``state.lost``), from proof alone, or the
+    refusal: one entry per file that carries our edits, where its backup (or a backup beside it, or the release's
+    wheel) holds pip's bytes by RECORD's sha256 and the file is exactly what those edits write on them.
+
+    Nothing the lost state says is believed: its manifest is never read for it, and a backup is used only as pip's
+    bytes proven by RECORD. Every other backup is removed where it holds the file's bytes as they are (nothing is
+    lost), and set aside under saved-edits/ otherwise (with an unreadable manifest): never deleted, never restored.
+    ``command``: the one being run (apply or revert; status and verify name apply), as a refusal's next step says.
+    """
+    env, lost = state.env, state.lost
+    rebuild = Rebuild(lost)
+    for proof in proofs:
+        if proof.fetch:
+            rebuild.fetch = True  # status: the wheel decides, once apply or revert has fetched it
+        elif proof.pip is None or proof.written != proof.now:
+            rebuild.unproven = _unproven(proof)
+            rebuild.refusal = _cannot_rebuild(state, rebuild.unproven, command)
+            return rebuild
+    if rebuild.fetch:
+        return rebuild
+    if proofs:
+        opt_in = {p.id for p in state.patches if p.opt_in}
+        manifest = Manifest(env.vllm_version, __version__)
+        for proof in proofs:
+            manifest.files[proof.relpath] = FileEntry(
+                sha256_bytes(proof.pip), sha256_bytes(proof.now), sorted(proof.patches)
+            )
+        manifest.opt_in = sorted({pid for proof in proofs for pid in proof.patches} & opt_in)
+        rebuild.manifest = manifest
+        rebuild.backups = {p.relpath: p.pip for p in proofs if p.source != "backup"}
+        rebuild.sources = {p.relpath: p.source for p in proofs}
+    keep, drop = list(lost.others), []
+    for relpath, data in lost.backups.items():
+        if rebuild.sources.get(relpath) == "backup":
+            continue
+        (drop if data is not None and data == state.held(relpath) else keep).append(relpath)
+    rebuild.keep, rebuild.drop = tuple(sorted(keep)), tuple(drop)
+    if rebuild.writes and STATE_DIR in state.mounted:
+        rebuild.refusal = Refused(f"cannot rebuild {STATE_DIR}", state.mounted[STATE_DIR], "")
+    return rebuild
+
+
+def _unproven(proof: Proof) -> str:
+    """What leaves ``proof``'s file without proof, in words."""
+    if proof.pip is None:
+        why = proof.source
+    else:
+        why = "it is neither pip's bytes nor what the patches write on them (another edit stands beside ours)"
+    return f"{proof.relpath} carries patch-dsv4's edits, but {why}"
+
+
+def _cannot_rebuild(state: Snapshot, unproven: str, command: str) -> EnvironmentProblem:
+    """The refusal to rebuild, with the way out: pip's own files again (the backups the rebuild cannot use are
+    then set aside, never lost)."""
+    lost = state.lost
+    if not lost.present:
+        had = "there is none"
+    else:
+        had = "its manifest cannot be read" if lost.unreadable else "it has no manifest"
+    return EnvironmentProblem(
+        f"cannot rebuild the state {state.store.dir_path}",
+        f"{had}, and {unproven}",
+        state.env.reinstall_then(command if command != "status" else "apply"),
+    )
+
+
+def _sources(state: Snapshot, rebuild: Rebuild) -> str:
+    """Where a rebuild takes pip's bytes from, in a few words."""
+    sources = rebuild.sources.values()
+    ours = sum(1 for source in sources if source == "backup")
+    backups = f"{STATE_DIR}/backups/"
+    parts = (
+        [f"their backups in {backups}" if ours == len(sources) else f"{ours} backup(s) in {backups}"] if ours else []
+    )
+    for source in sources:
+        if source.startswith("the release wheel"):
+            parts.append(f"the vllm=={state.env.vllm_version} wheel")
+        elif source != "backup":
+            parts.append(f"{source} beside its file")
+    return ", ".join(dict.fromkeys(parts))
+
+
+def _kept(rebuild: Rebuild, where: str, later: bool = False) -> str:
+    """What a rebuild sets aside, and where (``later``: said before it is done, by status or a dry run)."""
+    what = ["the unreadable manifest"] if rebuild.lost.unreadable else []
+    if rebuild.keep:
+        what.append(f"{len(rebuild.keep)} backup(s) that are not their file's bytes")
+    kept = "to be kept" if later else "kept"
+    return f"; {' and '.join(what)} {kept} in {where}" if what else ""
+
+
+def _proven(state: Snapshot, rebuild: Rebuild) -> str:
+    return (
+        f"pip's bytes from {_sources(state, rebuild)}, proven by RECORD's sha256, and each file what the patches "
+        "write on them"
+    )
+
+
+def rebuilt_note(state: Snapshot, rebuild: Rebuild, kept_in: str = "", dry_run: bool = False) -> str:
+    """What apply or revert says it did to a lost state ("" where it did nothing): the one line that names the
+    rebuild and what proved it."""
+    lost, where = rebuild.lost, kept_in or f"{STATE_DIR}/{SAVED_EDITS}/"
+    rebuilt, removed = ("would rebuild", "would remove") if dry_run else ("rebuilt", "removed")
+    if rebuild.manifest is not None:
+        files = len(rebuild.manifest.files)
+        return (
+            f"{rebuilt} the state ({files} file(s), vLLM {state.env.vllm_version}): {_proven(state, rebuild)}"
+            f"{_kept(rebuild, where, dry_run)}"
+        )
+    if not lost.present:
+        return ""
+    return (
+        f"{removed} {STATE_DIR}/ without a manifest: no file carries patch-dsv4's edits{_kept(rebuild, where, dry_run)}"
+    )
+
+
+def lost_note(state: Snapshot, rebuild: Rebuild) -> str:
+    """What status says of a lost state: what the next apply or revert does to it ("" where there is nothing to
+    do), from the very plan those make."""
+    lost, env = rebuild.lost, state.env
+    if lost.present:
+        lead = "the state has no manifest: the next apply or revert"
+    else:
+        lead = "no state names the files that carry patch-dsv4's edits (apply leaves it so): the next revert"
+    if rebuild.refusal is not None:
+        refusal = rebuild.refusal
+        return f"{lead} refuses to rebuild it: {rebuild.unproven or refusal.why} (next: {refusal.next_step})"
+    if rebuild.fetch:
+        return (
+            f"{lead} rebuilds it once it has fetched the vllm=={env.vllm_version} wheel with pip for pip's bytes "
+            "(where pip cannot fetch it, it refuses: reinstall vLLM)"
+        )
+    if rebuild.manifest is not None:
+        return f"{lead} rebuilds it: {_proven(state, rebuild)}{_kept(rebuild, f'{STATE_DIR}/{SAVED_EDITS}/', True)}"
+    if not lost.present:
+        return ""
+    return (
+        f"an apply was interrupted before it changed a file: {STATE_DIR}/ holds what it prepared, which the next "
+        "apply or revert removes (nothing else to do: the files are as this report says)"
+        f"{_kept(rebuild, f'{STATE_DIR}/{SAVED_EDITS}/', True)}"
+    )
+
+
+def unreadable_state(state: Snapshot, rebuild: Rebuild) -> EnvironmentProblem:
+    """The refusal of status and verify (never a pass) where the manifest cannot be read: it names the state, why,
+    and the repair: apply, which rebuilds it (or, where it cannot, what can)."""
+    env, lost = state.env, rebuild.lost
+    why, repair = lost.unreadable, f"patch-dsv4 apply{env.target.args()}"
+    if rebuild.refusal is not None:
+        why += f"; apply cannot rebuild it: {rebuild.unproven or rebuild.refusal.why}"
+        repair = rebuild.refusal.next_step or repair
+    elif rebuild.fetch:
+        wheel = f"the vllm=={env.vllm_version} wheel"
+        repair += f" (rebuilds it with pip's bytes from {wheel}, which it fetches; it refuses where pip cannot)"
+    elif rebuild.manifest is not None:
+        repair += f" (rebuilds it with pip's bytes from {_sources(state, rebuild)})"
+    else:
+        repair += " (sets it aside: no file carries patch-dsv4's edits)"
+    return EnvironmentProblem(f"unreadable state {state.store.dir_path}", why, repair)

@@ -16,6 +16,7 @@ from patch_dsv4.patching.registry import declared_files
 from patch_dsv4.pipeline.values import (  # noqa: F401 - context_for re-exported: the view of a tree a judgement reads
     NO_STATE,
     Build,
+    LostState,
     Readers,
     Snapshot,
     StateView,
@@ -25,7 +26,7 @@ from patch_dsv4.pipeline.values import (  # noqa: F401 - context_for re-exported
 )
 from patch_dsv4.tree.environment import Environment, record_digest
 from patch_dsv4.tree.fs import MAX_SOURCE_BYTES, UnsafePath
-from patch_dsv4.tree.state import STATE_DIR, Manifest, StateStore
+from patch_dsv4.tree.state import STATE_DIR, Manifest, StateStore, UnreadableManifest
 
 if TYPE_CHECKING:
     from patch_dsv4.releases.release_wheel import ReleaseWheel
@@ -66,13 +67,15 @@ def read_snapshot(
     manifest: Manifest | None | bool = True,
     vouch: bool = False,
     revert: bool | None = None,
+    lost: LostState | None = None,
 ) -> Snapshot:
     """The snapshot a command judges, plans and reports from.
 
-    ``manifest``: the manifest as recovery left it (True: load it here). ``vouch``: also read whether the judgement
-    the manifest records still vouches for the tree (apply records it again only where it does not). ``revert``
-    (revert's --discard-local-edits): also read the backups revert restores and the files they replace (not where
-    a file changed since we wrote it and its edit is not to be discarded: revert refuses that).
+    ``manifest``: the manifest as recovery left it (True: load it here). ``lost`` (:func:`read_lost`): the state
+    has no manifest to go by, and this is what it holds (``manifest`` is None). ``vouch``: also read whether the
+    judgement the manifest records still vouches for the tree (apply records it again only where it does not).
+    ``revert`` (revert's --discard-local-edits): also read the backups revert restores and the files they replace
+    (not where a file changed since we wrote it and its edit is not to be discarded: revert refuses that).
     """
     from patch_dsv4.fastpath import quick
     from patch_dsv4.fastpath.serving import build_identity, dist_info_of
@@ -82,7 +85,7 @@ def read_snapshot(
     view = view_of(env, store.load() if manifest is True else manifest)
     if manifest is True:  # as found, before any recovery: what an interrupted apply left is said
         view = replace(view, leftover=leftover(store, view))
-    snapshot = Snapshot(env, store, patches, view, readers_of(env, store))
+    snapshot = Snapshot(env, store, patches, view, readers_of(env, store), lost=lost)
     build = snapshot.build
     build.record = anchors_store.load(env.vllm_version)
     if build.record is None:
@@ -133,19 +136,59 @@ def write_denied(env: Environment) -> tuple[str, str] | None:
 
 
 def leftover(store: StateStore, view: StateView) -> str:
-    """Where an apply interrupted before its journal left what it prepared ("" where nothing is left): staged copies
-    beside a manifest, or a state directory without one. The next apply or revert removes it
-    (patch_dsv4.pipeline.transaction.recover); until then status says so."""
-    from patch_dsv4.tree.state import STATE_DIR
-
+    """Where an apply interrupted before its journal left what it prepared beside a manifest ("" where nothing is
+    left): its staged copies, which the next apply or revert removes (patch_dsv4.pipeline.transaction.recover);
+    until then status says so. (A state directory without a manifest is a lost state: :func:`read_lost`.)"""
     try:
         if view.kind == "current" and store.copies("staged"):
             return f"{STATE_DIR}/staged/"
-        if view.manifest is None and store.holds_more_than_saved_edits():
-            return f"{STATE_DIR}/"
     except Exception:  # an unreadable state is recovery's to refuse, not a note's
         return ""
     return ""
+
+
+def read_lost(env: Environment, store: StateStore, absent_too: bool = False) -> LostState | None:
+    """The state, where it has no manifest to go by: one whose manifest is missing (an apply interrupted before
+    its journal, a manifest removed) or cannot be read; with ``absent_too`` (revert, status), also no state
+    directory at all where a file the patches edit is not what pip installed (it may carry our edits). None where
+    the manifest can be read, or there is nothing to rebuild.
+
+    Nothing here is trusted: each backup of a file the patches edit is read as a candidate for pip's bytes (a
+    regular file no bigger than a source file, never through a link); every other entry under backups/ is only
+    named. A state directory that is not one (a link) stays unreadable, as :meth:`StateStore.load` says.
+    """
+    try:
+        if store.load() is not None:
+            return None
+        unreadable = ""
+    except UnreadableManifest as exc:
+        unreadable = exc.why
+    present = bool(unreadable) or store.holds_more_than_saved_edits()
+    if not present and (not absent_too or all(_as_pip_installed(env, rel) for rel in sorted(store.declared))):
+        return None
+    backups: dict[str, bytes | None] = {}
+    others = []
+    for relpath, regular in store.backup_entries().items():
+        if relpath not in store.declared:
+            others.append(relpath)
+        elif not regular:
+            backups[relpath] = None
+        else:
+            try:
+                backups[relpath] = store.read_copy("backups", relpath)
+            except EnvironmentProblem:  # larger than a source file, or gone: not pip's bytes
+                backups[relpath] = None
+    return LostState(unreadable, present, backups, tuple(others))
+
+
+def _as_pip_installed(env: Environment, relpath: str) -> bool:
+    """Whether a file the patches edit is what pip installed (or absent, as RECORD says): it carries no edit."""
+    import base64
+
+    recorded, now = env.recorded_hash(relpath), env.sha256(relpath)
+    if now is None:
+        return True
+    return recorded is not None and base64.urlsafe_b64encode(bytes.fromhex(now)).rstrip(b"=").decode() == recorded
 
 
 def readers_of(env: Environment, store: StateStore) -> Readers:
@@ -158,12 +201,12 @@ def readers_of(env: Environment, store: StateStore) -> Readers:
     return Readers(env.read_bytes, env.sha256, lambda relpath: store.read_copy("backups", relpath), pip_copy)
 
 
-def with_wheel(snapshot: Snapshot) -> Snapshot:
+def with_wheel(snapshot: Snapshot, fetch: bool = True) -> Snapshot:
     """The snapshot reading pip's bytes from the release's wheel too, where no backup beside a file holds them
-    (takeover); the wheel is fetched when first needed."""
+    (takeover, a rebuild); the wheel is fetched when first needed (``fetch=False``: only from the cache)."""
     from patch_dsv4.releases.release_wheel import ReleaseWheel
 
-    snapshot.wheel = ReleaseWheel(snapshot.env)
+    snapshot.wheel = ReleaseWheel(snapshot.env, fetch=fetch)
     return snapshot
 
 

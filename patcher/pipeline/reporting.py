@@ -57,16 +57,21 @@ def report(
     )
 
 
-def status_report(state: Snapshot, judged: Judged, command: str = "status", asked=frozenset()) -> Report:
+def status_report(
+    state: Snapshot, judged: Judged, command: str = "status", asked=frozenset(), lost_notes=(), rebuilt=frozenset()
+) -> Report:
     """The verdicts of the state as judged; the way out named where another tool's edit stands.
 
-    ``asked``: opt-ins asked for besides those the state keeps (verify --with, PATCH_DSV4_WITH).
+    ``asked``: opt-ins asked for besides those the state keeps (verify --with, PATCH_DSV4_WITH). ``lost_notes``:
+    what the next apply or revert does to a state without a manifest (patch_dsv4.pipeline.planning.lost_note);
+    ``rebuilt``: the files that rebuild names as ours (not said to need --force: apply takes them back as ours).
     """
     opt_in = state.opt_in_kept | set(asked)
     reports = as_opt_in(judged.reports, state.patches, opt_in)
     notes = [
         *state_notes(state.view),
-        *unrecorded_notes(judged.now, state.view),
+        *lost_notes,
+        *unrecorded_notes(judged.now, replace(state.view, ours=state.view.ours | set(rebuilt))),
         *unreplaceable_notes(state),
         *(hook.note(str(state.env.site_packages)) for hook in state.hooks),
     ]

@@ -28,7 +28,7 @@ import stat
 from dataclasses import dataclass
 
 from patch_dsv4.output.errors import AGAIN, EnvironmentProblem, Interrupted, Refused, begun, completed
-from patch_dsv4.pipeline.values import Committed, Plan, user_name
+from patch_dsv4.pipeline.values import Committed, Plan, Rebuild, user_name
 from patch_dsv4.tree.environment import Environment
 from patch_dsv4.tree.fs import Dir, Owner, UnsafePath, checkpoint, sha256_bytes
 from patch_dsv4.tree.state import STATE_DIR, Manifest, StateStore
@@ -345,8 +345,8 @@ def recover(env: Environment, store: StateStore) -> tuple[list[str], Manifest | 
 
     A journalled apply is rolled forward from its staged copies, a journalled
     revert from the backups; temp files a killed writer left are removed. A
-    state directory without a manifest is removed only when no file needs its
-    backups (every backed-up file still has its backup's bytes).
+    state directory without a manifest to go by is rebuilt before this runs
+    (:func:`patch_dsv4.pipeline.commands.rebuild`).
     """
     try:
         return _recover(env, store)
@@ -362,10 +362,7 @@ def _recover(env: Environment, store: StateStore) -> tuple[list[str], Manifest |
     manifest = store.load()
     for relpath in store.declared:
         _remove_stray_temps(env, relpath)
-    if manifest is None:
-        if store.holds_more_than_saved_edits():
-            _drop_orphan_state(env, store)
-            notes.append("removed the state an interrupted first apply left before its journal")
+    if manifest is None:  # a state directory without one was rebuilt before (patch_dsv4.pipeline.commands.rebuild)
         return notes, None, None
     store.remove_stray_temps()
     if manifest.transaction is None:
@@ -397,19 +394,6 @@ def _remove_stray_temps(env: Environment, relpath: str) -> None:
         directory.remove_stray_temps(name)
 
 
-def _drop_orphan_state(env: Environment, store: StateStore) -> None:
-    for relpath in store.copies("backups"):
-        if relpath not in store.declared:
-            raise store.unreadable(f"backups/{relpath} is not a file any patch edits")
-        backup = store.read_copy("backups", relpath)
-        if backup is not None and env.sha256(relpath) != sha256_bytes(backup):
-            raise store.unreadable(
-                f"it has no manifest but a backup of {relpath}, which differs from that file"
-                " (a patched file may need it)"
-            )
-    store.remove()
-
-
 def _replay(env: Environment, store: StateStore, manifest: Manifest, source: str) -> Refused | None:
     """Move each file of the journalled transaction to its "to" bytes, read from the ``source`` copies.
 
@@ -433,6 +417,38 @@ def _replay(env: Environment, store: StateStore, manifest: Manifest, source: str
         st = env.tree.stat(relpath)
         _replace(env, relpath, data, Owner(st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)))
     return None
+
+
+# -- a lost state, rebuilt ------------------------------------------------------------------
+def commit_rebuild(store: StateStore, rebuild: Rebuild) -> str:
+    """Write a rebuilt state (call with the lock held, never with a refusal): set aside what it keeps (an
+    unreadable manifest, backups it cannot use) under saved-edits/, remove the backups it drops and any staged
+    copies, write the backups it adds, then the manifest, atomically and last; or, where no file carries our edits,
+    remove the state. vLLM's files are not touched. Until the manifest is written the state is as lost as it was,
+    and the next apply or revert rebuilds it again from the same proof. Where the kept files are ("" for none)."""
+    lost = rebuild.lost
+    kept_in = ""
+    try:
+        if lost.unreadable or rebuild.keep:
+            kept_in = store.keep_aside(bool(lost.unreadable), rebuild.keep)
+        for relpath in rebuild.drop:
+            store.remove_copy("backups", relpath)
+        store.clear_staged()
+        store.remove_stray_temps()
+        for relpath, data in rebuild.backups.items():
+            store.write_copy("backups", relpath, data)
+        if rebuild.manifest is not None:
+            store.save(rebuild.manifest)
+        elif lost.present:
+            store.remove()
+    except (OSError, UnsafePath) as exc:
+        reason = exc.line() if isinstance(exc, EnvironmentProblem) else _os_reason(exc)
+        raise WriteFailed(
+            f"cannot rebuild the state {store.dir_path}",
+            f"{reason}; vLLM's files were not changed, and the next apply or revert rebuilds it again",
+            f"fix the cause, then {AGAIN}",
+        ) from None
+    return kept_in
 
 
 # -- committing a plan ----------------------------------------------------------------------

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from patch_dsv4.output.errors import Refused
+from patch_dsv4.output.errors import PatcherError, Refused
 from patch_dsv4.output.verdicts import Outcome, PatchReport, Verdict
 from patch_dsv4.patching.patch import Context, Edit, Patch
 from patch_dsv4.tree.environment import Environment, record_digest
@@ -41,6 +41,55 @@ class StateView:
 
 
 NO_STATE = StateView(None, "none", {}, set())
+
+
+@dataclass
+class LostState:
+    """A state without a manifest to go by, as reading found it: its manifest is gone or cannot be read (or, for
+    revert and status, there is no state directory at all). Nothing in it is trusted: apply and revert rebuild the
+    state from proof (:func:`patch_dsv4.pipeline.commands.rebuild`), reading these bytes as candidates only."""
+
+    unreadable: str  # why its manifest cannot be read ("" where there is none)
+    present: bool  # the state directory holds something (False: there is none)
+    backups: dict[str, bytes | None]  # each file a patch edits -> its backup's bytes (None: not a regular file of
+    #   a source file's size)
+    others: tuple[str, ...] = ()  # every other entry under backups/ (a path no patch edits, a link, a FIFO): never
+    #   read, never used
+
+
+@dataclass(frozen=True)
+class Proof:
+    """One file that carries our edits (judged applied, by their markers), and what proves the state that names it:
+    pip's bytes by RECORD's sha256, and what those edits write on them."""
+
+    relpath: str
+    patches: tuple[str, ...]  # the patches whose edits stand applied there
+    now: bytes  # the file as it is
+    pip: bytes | None  # pip's bytes, their sha256 the one RECORD lists; None where nothing here proves them
+    source: str  # where they come from ("backup": ours; a backup's name beside the file; the release wheel), or
+    #   why nothing proves them
+    written: bytes | None = None  # what those edits write on pip's bytes (None: not judged, or they do not apply)
+    fetch: bool = False  # only the release wheel could prove them, and this command fetches nothing (status)
+
+
+@dataclass
+class Rebuild:
+    """What rebuilding a lost state writes (planning decides it from the proofs; the transaction commits it)."""
+
+    lost: LostState
+    manifest: Manifest | None = None  # the state it records (None: no file carries our edit, there is none)
+    backups: dict[str, bytes] = field(default_factory=dict)  # backups it writes: pip's bytes no backup of ours held
+    sources: dict[str, str] = field(default_factory=dict)  # file -> where pip's bytes came from
+    keep: tuple[str, ...] = ()  # backups it sets aside under saved-edits/ (neither used nor the file's own bytes)
+    drop: tuple[str, ...] = ()  # backups it removes: each holds the file's bytes as they are
+    fetch: bool = False  # a file's pip's bytes are only in the release wheel, which apply or revert fetches first
+    refusal: PatcherError | None = None  # set: nothing is written, apply and revert refuse with it
+    unproven: str = ""  # what left a file carrying our edits without proof, in words (the refusal's)
+    kept_in: str = ""  # committed: where the kept files are (".patch-dsv4/saved-edits/<run>/")
+
+    @property
+    def writes(self) -> bool:
+        return bool(self.lost.present or self.manifest is not None)
 
 
 def context_for(
@@ -143,6 +192,7 @@ class Snapshot:
     mounted: dict[str, str] = field(default_factory=dict)
     unreplaceable: dict[str, str] = field(default_factory=dict)
     hooks: tuple = ()  # start-up hooks on the target's import path that name vLLM (patch_dsv4.tree.hooks.Hook)
+    lost: LostState | None = None  # a state without a manifest to go by, which apply and revert rebuild
     _bytes: dict[str, bytes | None] = field(default_factory=dict, repr=False)
     _hashes: dict[str, str | None] = field(default_factory=dict, repr=False)
     _backups: dict[str, bytes | None] = field(default_factory=dict, repr=False)

@@ -51,18 +51,31 @@ def unobtainable(version: str) -> str | None:
 
 
 class ReleaseWheel:
-    """The installed release's wheel, fetched once when first needed; ``problem`` says why it cannot serve."""
+    """The installed release's wheel, fetched once when first needed; ``problem`` says why it cannot serve.
 
-    def __init__(self, env: Environment, cache_dir: Path | None = None) -> None:
+    ``fetch=False``: only a wheel already in the cache serves (a command that reports, and fetches nothing);
+    ``uncached`` then says that one that fetches would have tried pip.
+    """
+
+    def __init__(self, env: Environment, cache_dir: Path | None = None, fetch: bool = True) -> None:
         self.env = env
         self.cache_dir = cache_dir
+        self.fetch = fetch
         self.path: Path | None = None
         self.problem: str | None = unobtainable(env.vllm_version)
+        self.uncached = False
         self._fetched = False
 
     def _wheel(self) -> Path | None:
         if self.problem is None and not self._fetched:
             self._fetched = True
+            if not self.fetch:
+                cache = self.cache_dir or default_cache_dir()
+                self.path = cached_wheel(self.env.vllm_version, cache) if cache.is_dir() else None
+                if self.path is None:
+                    self.uncached = True
+                    self.problem = f"the vllm=={self.env.vllm_version} wheel is not in {cache}"
+                return self.path
             try:
                 self.path, _how = fetch_wheel(self.env.vllm_version, self.cache_dir)
             except EnvironmentProblem as exc:

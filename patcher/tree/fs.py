@@ -328,6 +328,14 @@ class Dir:
             raise
         return True
 
+    def move_to(self, name: str, dest: Dir, dest_name: str) -> None:
+        """Move the entry ``name`` (a file, a link, a directory: never followed) to ``dest_name`` in ``dest``, on
+        the same file system; the caller makes sure nothing is there."""
+        checkpoint(f"rename:{name}")
+        os.rename(name, dest_name, src_dir_fd=self.fd, dst_dir_fd=dest.fd)
+        dest.fsync()
+        self.fsync()
+
     def rmdir(self, name: str) -> None:
         checkpoint(f"rmdir:{name}")
         os.rmdir(name, dir_fd=self.fd)

@@ -44,7 +44,9 @@ STATE_DIR = ".patch-dsv4"
 LOCK_FILE = ".patch-dsv4.lock"
 MANIFEST = "manifest.json"
 LEGACY = ("stat-keys.json",)  # written by older versions, read by none: removed by the next apply or revert
-SAVED_EDITS = "saved-edits"  # hand edits kept by revert --discard-local-edits: never removed by us
+SAVED_EDITS = "saved-edits"  # hand edits kept by revert --discard-local-edits, what a rebuild set aside: never removed
+UNREADABLE = MANIFEST + ".unreadable"  # an unreadable manifest a rebuild set aside, in a run under saved-edits/
+BACKUPS = "backups"
 FILE_MODE, DIR_MODE = 0o644, 0o755
 
 
@@ -113,6 +115,12 @@ def manifest_from_data(data: object, declared: Iterable[str], patch_ids: Iterabl
         transaction=data.get("transaction"),
         schema=data["schema"],
     )
+
+
+class UnreadableManifest(EnvironmentProblem):
+    """The manifest itself cannot be used (malformed, oversized, not a regular file, a field that breaks a rule),
+    in a state directory that is one: apply and revert rebuild the state from proof
+    (:func:`patch_dsv4.pipeline.commands.rebuild`), status and verify name that repair."""
 
 
 class StateStore:
@@ -202,13 +210,19 @@ class StateStore:
         try:
             data = installed.read_state(str(self.root))
         except installed.Unreadable as exc:
+            if exc.path == MANIFEST:  # the file itself; a state directory that is not one is no state to rebuild
+                raise self._unreadable_manifest(_short(exc)) from None
             raise self.unreadable(_short(exc)) from None
         if data is None:
             return None
         try:
             return manifest_from_data(data, self.declared, self.patch_ids)
         except (ValueError, RecursionError) as exc:  # field errors are ValueErrors
-            raise self.unreadable(f"{MANIFEST}: {_short(exc)}") from None
+            raise self._unreadable_manifest(f"{MANIFEST}: {_short(exc)}") from None
+
+    def _unreadable_manifest(self, why: str) -> UnreadableManifest:
+        problem = self.unreadable(why)
+        return UnreadableManifest(problem.what, problem.why, problem.next_step)
 
     def remove_legacy(self) -> bool:
         """Remove the files older versions kept in the state and this one reads nowhere (:data:`LEGACY`), whatever
@@ -230,21 +244,32 @@ class StateStore:
             return state.lstat(MANIFEST) is not None
 
     def remove_stray_temps(self) -> None:
-        """Temp files a killed writer left anywhere in the state directory (all of it is ours)."""
+        """Temp files a killed writer left where our writers write: the state directory itself, and the directories
+        on the way to a file the patches edit under backups/, staged/ and each run under saved-edits/. Nothing else
+        is walked, so that a hostile tree there costs nothing; links are never followed, one directory is open at a
+        time."""
         state = self.state_dir()
-        if state is not None:
-            self._remove_temps(state)
+        if state is None:
+            return
+        with state:
+            bases = [(), (BACKUPS,), ("staged",)]
+            if _is_dir(state.lstat(SAVED_EDITS)):
+                with state.child(SAVED_EDITS) as saved:
+                    bases += [(SAVED_EDITS, run) for run in saved.names() if _is_dir(saved.lstat(run))]
+            prefixes = sorted(self._on_the_way())
+            for base in bases:
+                for prefix in prefixes:
+                    directory = _real_dir(state, (*base, *prefix))
+                    if directory is None:
+                        continue
+                    with directory:
+                        for name in directory.names():
+                            if is_temp_name(name) and stat.S_ISREG(getattr(directory.lstat(name), "st_mode", 0)):
+                                directory.unlink(name)
 
-    def _remove_temps(self, directory: Dir) -> None:
-        with directory:
-            for name in directory.names():
-                st = directory.lstat(name)
-                if st is None:
-                    continue
-                if stat.S_ISDIR(st.st_mode):
-                    self._remove_temps(directory.child(name))
-                elif stat.S_ISREG(st.st_mode) and is_temp_name(name):
-                    directory.unlink(name)
+    def _on_the_way(self) -> set[tuple[str, ...]]:
+        """Each directory on the way to a file the patches edit, as parts below a copy's top (() for the top)."""
+        return {tuple(rel.split("/")[:depth]) for rel in self.declared for depth in range(rel.count("/") + 1)}
 
     def holds_more_than_saved_edits(self) -> bool:
         """Whether the state directory holds anything but saved local edits (which never make a state)."""
@@ -331,6 +356,62 @@ class StateStore:
             if not directory.create_new(parts[-1], data, owner):
                 raise EnvironmentProblem(f"cannot save {relpath}", f"{directory.path / parts[-1]} exists already")
         return self.dir_path / SAVED_EDITS / run / relpath
+
+    def backup_entries(self) -> dict[str, bool]:
+        """Every entry under backups/ (its path there -> whether it is a regular file), whatever the manifest says:
+        a link, a FIFO or the like is named, never followed or opened. Only the directories on the way to a file the
+        patches edit are walked, one open at a time; any other directory (a link to one too) is one entry, moved
+        aside whole, so that a hostile tree costs no more than the declared paths. A killed writer's temp files are
+        left out (recovery removes them)."""
+        state = self.state_dir()
+        if state is None:
+            return {}
+        with state:
+            try:
+                top = state.child(BACKUPS) if state.lstat(BACKUPS) is not None else None
+            except UnsafePath as exc:
+                raise self.unreadable(exc.why or exc.what) from None
+        if top is None:
+            return {}
+        on_the_way = self._on_the_way()
+        found: dict[str, bool] = {}
+        with top:
+            pending: list[tuple[str, ...]] = [()]
+            while pending:
+                prefix = pending.pop()
+                directory = top.walk_to(prefix)
+                if directory is None:
+                    continue
+                with directory:
+                    for name in directory.names():
+                        st = directory.lstat(name)
+                        if st is None or is_temp_name(name):
+                            continue
+                        if stat.S_ISDIR(st.st_mode) and (*prefix, name) in on_the_way:
+                            pending.append((*prefix, name))
+                        else:
+                            found["/".join((*prefix, name))] = stat.S_ISREG(st.st_mode)
+        return dict(sorted(found.items()))
+
+    def keep_aside(self, manifest: bool, backups: Iterable[str]) -> str:
+        """Move the unreadable manifest (``manifest``) and ``backups`` (paths under backups/, as
+        :meth:`backup_entries` names them) into a fresh run under saved-edits/, which nothing removes: the manifest
+        as manifest.json.unreadable, each backup at its path under backups/ there. The run's path under the site
+        directory."""
+        run = self.new_saved_edits_run()
+        state = self.state_dir()
+        with state:
+            kept = state.walk_to((SAVED_EDITS, run))
+            with kept:
+                if manifest:
+                    state.move_to(MANIFEST, kept, UNREADABLE)
+                for relpath in backups:
+                    parts = tuple(relpath.split("/"))
+                    source = state.walk_to((BACKUPS, *parts[:-1]))
+                    dest = kept.walk_to((BACKUPS, *parts[:-1]), DIR_MODE, self.dir_owner)
+                    with source, dest:
+                        source.move_to(parts[-1], dest, parts[-1])
+        return f"{STATE_DIR}/{SAVED_EDITS}/{run}/"
 
     def clear_staged(self) -> None:
         state = self.state_dir()
@@ -514,3 +595,22 @@ class StateStore:
 def _short(exc: BaseException) -> str:
     text = str(exc) if not isinstance(exc, RecursionError) else "nested too deeply"
     return text if len(text) <= 160 else text[:157] + "..."
+
+
+def _is_dir(st: os.stat_result | None) -> bool:
+    return st is not None and stat.S_ISDIR(st.st_mode)
+
+
+def _real_dir(top: Dir, parts: tuple[str, ...]) -> Dir | None:
+    """The real directory at ``parts`` below ``top``, or None where a part is missing or not a real directory (a
+    link is never followed): where nothing of ours can be."""
+    current = Dir(os.dup(top.fd), top.path)
+    for part in parts:
+        with current:
+            if not _is_dir(current.lstat(part)):
+                return None
+            nxt = current.child(part)
+        if nxt is None:
+            return None
+        current = nxt
+    return current
