@@ -15,7 +15,7 @@ import pytest
 
 from tests.releases import cache_dir, cache_lock, hand_edit
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MOD = ROOT / "examples" / "spark-vllm-docker" / "mods" / "patch-dsv4"
 DEPENDENCIES = ("libcst>=1.1", "typer>=0.12", "rich>=13", "packaging>=23")
 
