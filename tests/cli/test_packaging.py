@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.releases import cache_lock
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -55,9 +57,10 @@ def dists(tmp_path_factory) -> tuple[Path, Path]:
         out = Path(given)
     else:
         out = tmp_path_factory.mktemp("dist")
-        built = subprocess.run(
-            [sys.executable, "-m", "build", "--outdir", str(out), str(ROOT)], capture_output=True, text=True
-        )
+        with cache_lock("build-checkout"):  # one build at a time in the checkout (pytest -n: one per worker)
+            built = subprocess.run(
+                [sys.executable, "-m", "build", "--outdir", str(out), str(ROOT)], capture_output=True, text=True
+            )
         assert built.returncode == 0, f"python -m build failed:\n{built.stdout[-3000:]}\n{built.stderr[-3000:]}"
     sdists, wheels = sorted(out.glob("patch_dsv4-*.tar.gz")), sorted(out.glob("patch_dsv4-*.whl"))
     assert len(sdists) == 1 and len(wheels) == 1, f"expected one sdist and one wheel in {out}: {os.listdir(out)}"

@@ -65,6 +65,7 @@ def run_ranks(tree: Path, n: int = 8) -> tuple[list[int], int]:
     return [p.exitcode for p in procs], fired.value
 
 
+@pytest.mark.slow
 def test_eight_ranks_apply_at_once(make_tree, cli):
     tree = make_tree("0.30.0")
     original = content_snapshot(tree)

@@ -49,6 +49,7 @@ def _old_or_new(tree: Path, old: dict, new: dict) -> None:
         assert sha in (old[relpath], new[relpath]), f"{relpath} is neither the old nor the new file"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("version", ["0.30.0"])
 def test_apply_killed_at_every_step(version, make_tree, cli):
     reference = make_tree(version)
@@ -79,6 +80,7 @@ def test_apply_killed_at_every_step(version, make_tree, cli):
     assert step > 5, "the fault hook never fired: nothing was tested"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("version", ["0.30.0"])
 def test_revert_killed_at_every_step(version, make_tree, cli):
     tree = make_tree(version)  # one tree throughout: each step must leave it as it began (asserted below)
