@@ -134,6 +134,7 @@ def test_the_sdist_holds_what_a_build_needs(dists):
     assert not {n for n in names if "/.venv/" in n or "/.git/" in n or "__pycache__" in n}
 
 
+@pytest.mark.slow
 def test_the_sdist_carries_its_license_and_runs_its_tests(dists, tmp_path):
     sdist, wheel = dists
     top = f"patch_dsv4-{_source_version()}"

@@ -9,12 +9,15 @@ import sys
 import venv
 from pathlib import Path
 
+import pytest
+
 from patch_dsv4.patches.stream_load import VL_MODEL
 from tests.conftest import ROOT
 from tests.engine.pipeline.test_upgrades import _pip_target
 from tests.releases import wheel_file
 
 
+@pytest.mark.slow
 def test_python_option_acts_on_another_venv(tmp_path, cli):
     env_dir = tmp_path / "venv"
     venv.EnvBuilder(with_pip=False).create(env_dir)
@@ -45,6 +48,7 @@ def test_python_option_bad_interpreter(tmp_path, cli):
     assert "cannot run" in result.stderr
 
 
+@pytest.mark.slow
 def test_default_target_is_the_running_interpreters_environment(make_tree):
     """Without --site-packages or --python, vLLM is found on this interpreter's sys.path (never imported)."""
     tree = make_tree("0.31.0")

@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from patch_dsv4.patches.stream_load import VL_MODEL
 from tests.releases import DSV4, wheel, wheel_file
 
@@ -31,6 +33,7 @@ def _pip_target(tree: Path, version: str) -> None:
     )
 
 
+@pytest.mark.slow
 def test_upgrade_over_a_patched_tree(make_tree, cli):
     tree = make_tree("0.30.0")
     assert cli("apply", "--site-packages", tree).code == 0
@@ -63,6 +66,7 @@ def test_upgrade_over_a_patched_tree(make_tree, cli):
     assert (tree / VL_MODEL).read_bytes() == wheel_file("0.31.0", VL_MODEL)
 
 
+@pytest.mark.slow
 def test_upgrade_to_034_needs_nothing(make_tree, cli):
     """A Dockerfile that ran `apply && verify` on 0.32.0 keeps working after `pip install -U` to 0.34.0: every
     default fix is upstream there, the stale state is reported and replaced, nothing is written into vLLM."""
@@ -79,6 +83,7 @@ def test_upgrade_to_034_needs_nothing(make_tree, cli):
     assert (tree / VL_MODEL).read_bytes() == wheel_file("0.34.0", VL_MODEL)
 
 
+@pytest.mark.slow
 def test_reinstall_of_the_same_release_makes_state_stale(make_tree, cli):
     tree = make_tree("0.30.0")
     assert cli("apply", "--site-packages", tree).code == 0
