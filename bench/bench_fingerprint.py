@@ -6,9 +6,9 @@ interpreters, ``--repeat`` times after one warm-up:
 
 1. ``patch-dsv4 verify --site-packages TREE`` (the fast path; this checkout also with ``--expect FP``): the wall
    time of the whole process;
-2. the guard as vLLM calls it (a stand-in ``vllm`` module whose file is in the tree, as tests/test_guard.py
-   does): ``import patch_dsv4.guard`` and ``check()`` timed in the process; this checkout also with
-   ``PATCH_DSV4_EXPECT`` set to the tree's fingerprint (equal: silent).
+2. the guard as vLLM calls it (a stand-in ``vllm`` module whose file is in the tree, as
+   tests/engine/fastpath/test_guard.py does): ``import patch_dsv4.guard`` and ``check()`` timed in the
+   process; this checkout also with ``PATCH_DSV4_EXPECT`` set to the tree's fingerprint (equal: silent).
 
 Medians and minimums are printed (on a loaded machine the minimums say more). The guard's target is
 10 ms per process (import + check) on an applied tree.

@@ -3,7 +3,7 @@
     python bench/lock_demo.py [--trials 3]            # the lock: every rank exits 0, revert is byte-exact
     python bench/lock_demo.py [--trials 3] --no-lock  # lock disabled: ranks refuse, backups are wrong
 
-The ranks are those of tests/test_safety.py::test_eight_ranks_apply_at_once;
+The ranks are those of tests/engine/pipeline/test_concurrency.py::test_eight_ranks_apply_at_once;
 this shows that the test fails when the lock is disabled.
 """
 

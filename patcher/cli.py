@@ -52,8 +52,9 @@ def _fail(command: str | None, what: str, why: str, next_step: str, code: int, a
 # Typer builds a pydantic adapter per option (a third of a second to import); the two commands
 # that run on every container start answer without it when their command line is this plain.
 # Each fast command's grammar: the options it reads a value of, the flags it reads, and the options it leaves to Typer
-# (their presence sends the command there). Together, every option of Typer's command: tests/test_fast_verify.py
-# holds the two grammars to each other, so that an option added to one and not the other fails it.
+# (their presence sends the command there). Together, every option of Typer's command:
+# tests/engine/fastpath/test_fast_verify.py holds the two grammars to each other, so that an option added to one
+# and not the other fails it.
 _VALUES = {
     "verify": ("--site-packages", "--format", "--expect"),
     "doctor": ("--site-packages", "--python", "--pack", "--serve-args", "--format", "--hub-timeout"),

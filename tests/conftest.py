@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import shutil
 import sys
 from contextlib import redirect_stderr, redirect_stdout
@@ -78,6 +79,25 @@ def make_tree(tmp_path_factory):
 
 
 RELEASE_PARAMS = [pytest.param(v, id=f"vllm-{v}") for v in RELEASES]
+
+# What fetches from pip's index on a cold cache: the fixtures (per test), and the helpers a module calls
+# itself, in tests/releases.py or in the support modules built on them (then every test of the module).
+WHEEL_FIXTURES = {"make_tree", "release_wheels"}
+WHEEL_CALLS = re.compile(
+    r"\b(pristine_tree|wheel|wheel_file|minimal_tree|install_flashinfer_sources|reformatted_tree|pip_fetch"
+    r"|recipe_trees|miaai_trees|roundtrip|fake_runtime|refactor\.generator)\b"
+)
+_fetches: dict[str, bool] = {}
+
+
+def pytest_collection_modifyitems(items):
+    """Mark ``wheels`` on each test that needs release wheels or trees (pyproject.toml describes it)."""
+    for item in items:
+        path = str(item.path)
+        if path not in _fetches:
+            _fetches[path] = bool(WHEEL_CALLS.search(item.path.read_text(encoding="utf-8")))
+        if _fetches[path] or WHEEL_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.wheels)
 
 
 @pytest.fixture

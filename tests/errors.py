@@ -28,3 +28,21 @@ def error_lines(stderr: str) -> list[str]:
         e["head"] + (f": {e['why']}" if "why" in e else "") + (f" (next: {e['next']})" if "next" in e else "")
         for e in errors
     ]
+
+
+def one_line(stderr: str) -> str:
+    """The one error ``stderr`` holds, as :func:`error_lines` joins it; no traceback."""
+    lines = error_lines(stderr)
+    assert len(lines) == 1, stderr
+    assert "Traceback" not in stderr
+    return lines[0]
+
+
+def exit_2_line(result, *words) -> str:
+    """The one error line of a command that exited 2 (the environment cannot be used), holding each of ``words``."""
+    assert result.code == 2, (result.code, result.stdout, result.stderr)
+    lines = error_lines(result.stderr)
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    for word in words:
+        assert word in lines[0], lines[0]
+    return lines[0]

@@ -1,6 +1,6 @@
 """What anchors/ records for each release: the one place the tests take per-release verdicts from.
 
-``tests/test_verdicts.py`` checks every record against the real trees; the
+``tests/engine/patching/test_verdicts.py`` checks every record against the real trees; the
 other tests ask here which releases a patch is needed on, instead of keeping
 tables of their own.
 """

@@ -263,7 +263,7 @@ def marker_comment(patch_id: str) -> str:
 
 @dataclass(frozen=True)
 class Example:
-    """A before/after pair for a patch, run through the engine by tests/test_examples.py.
+    """A before/after pair for a patch, run through the engine by tests/patches/test_examples.py.
 
     ``after`` is the file exactly as the patch writes it (compared byte for
     byte), or None when the patch must leave ``before`` alone with ``verdict``.

@@ -18,6 +18,7 @@ returns each part's result (or its traceback) on its own.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import subprocess
@@ -250,8 +251,18 @@ class RealVenvs:
     def __init__(self):
         self.ready: dict[str, RealVenv] = {}
         self.refused: dict[str, str] = {}
+        self._held = None  # the lock on the venvs, held from the first use to the end of the session
 
     def get(self, version: str) -> RealVenv:
+        if self._held is None:
+            # The venvs are shared and written (apply, revert, reinstall): under pytest -n one worker uses
+            # them at a time, the others wait here (one lock for all, so that no two workers wait on each other).
+            from tests.integration import venvs
+
+            path = venvs.venv_path(version).parent / ".in-use.lock"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._held = open(path, "w")  # noqa: SIM115 - closed in restore_all, at the end of the session
+            fcntl.flock(self._held, fcntl.LOCK_EX)
         if version not in self.ready and version not in self.refused:
             try:
                 self.ready[version] = self._prepare(version)
@@ -277,8 +288,12 @@ class RealVenvs:
         return venv
 
     def restore_all(self) -> None:
-        for venv in self.ready.values():
-            venv.ensure_pristine()
+        try:
+            for venv in self.ready.values():
+                venv.ensure_pristine()
+        finally:
+            if self._held is not None:
+                self._held.close()
 
 
 def _one_line(exc: BaseException) -> str:

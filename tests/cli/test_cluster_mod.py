@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.releases import cache_dir, cache_lock, hand_edit
+from tests.releases import cache_dir, cache_lock, hand_edit, pip_fetch
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MOD = ROOT / "examples" / "spark-vllm-docker" / "mods" / "patch-dsv4"
 DEPENDENCIES = ("libcst>=1.1", "typer>=0.12", "rich>=13", "packaging>=23")
 
@@ -26,10 +26,9 @@ def _dependency_wheels() -> Path:
     with cache_lock("mod-wheels"):
         if not (where / ".complete").exists():
             shutil.rmtree(where, ignore_errors=True)
-            subprocess.run(
-                [sys.executable, "-m", "pip", "download", "--quiet", "--only-binary=:all:", "-d", str(where)]
-                + list(DEPENDENCIES),
-                check=True,
+            pip_fetch(
+                "patch-dsv4's dependency wheels",
+                ["download", "--quiet", "--only-binary=:all:", "-d", str(where), *DEPENDENCIES],
             )
             (where / ".complete").write_text("")
     return where

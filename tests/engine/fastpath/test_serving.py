@@ -11,9 +11,9 @@ import pytest
 
 from patch_dsv4 import guard
 from patch_dsv4.fastpath import quick, serving
+from tests.engine.fastpath.test_fast_verify import _fresh_verify
 from tests.errors import error_lines
 from tests.releases import hand_edit, install_flashinfer_sources
-from tests.test_fast_verify import _fresh_verify
 
 
 def _fingerprint(cli, tree, *env_args) -> str:

@@ -11,6 +11,7 @@ from patch_dsv4.pipeline.drift import record
 from patch_dsv4.releases import anchors_store
 from patch_dsv4.releases.anchors_store import known_release, recorded_files
 from patch_dsv4.releases.release_target import open_wheel
+from tests.cli.test_bad_input import _fake_vllm
 from tests.conftest import RELEASE_PARAMS
 from tests.releases import DSV4, RELEASES, cache_dir, hand_edit, wheel
 
@@ -115,3 +116,22 @@ def test_a_changed_file_is_judged_not_recalled(make_tree, cli):
     rewrite_record(tree, ["vllm/models/deepseek_v4/nvidia/ops/o_proj.py"])
     patch = cli("status", "--site-packages", tree, "--json").patch("dtype-policy")
     assert patch["verdict"] == "drifted"  # recorded: upstream; computed on these bytes: the sense is inverted
+
+
+def test_status_tells_builds_from_unknown_ones(make_tree, cli):
+    tree = make_tree("0.30.0")
+    build = cli("status", "--site-packages", tree, "--json").json()["build"]
+    assert build["known"] is True and "anchors/vllm-0.30.0.json" in build["detail"]
+    assert cli("apply", "--site-packages", tree).code == 0
+    # our own edits do not make the build unknown: patched files count as installed
+    assert cli("status", "--site-packages", tree, "--json").json()["build"]["known"] is True
+    other = tree / "vllm/models/deepseek_v4/nvidia/model.py"
+    hand_edit(other, other.read_text() + "\n# a local build\n")
+    build = cli("status", "--site-packages", tree, "--json").json()["build"]
+    assert build["known"] is False and "nvidia/model.py" in build["detail"]
+
+
+def test_status_of_an_unrecorded_release_is_unknown(tmp_path, cli):
+    root = _fake_vllm(tmp_path / "sp", version="0.27.5")
+    build = cli("status", "--site-packages", root, "--json").json()["build"]
+    assert build["known"] is False and "no anchors recorded for vLLM 0.27.5" in build["detail"]

@@ -23,7 +23,7 @@ from patch_dsv4.patches.stream_load import VL_MODEL
 from patch_dsv4.patches.wide_swa import FLASHINFER_SPARSE
 from tests.conftest import ROOT, run_cli
 from tests.errors import error_lines
-from tests.releases import content_snapshot, copy_tree, hand_edit, pristine_tree, wheel
+from tests.releases import content_snapshot, copy_tree, hand_edit, pristine_tree, stat_snapshot, wheel
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 SCHEMA = json.loads((ROOT / "patcher" / "report.schema.json").read_text())
@@ -499,3 +499,56 @@ def test_a_nightly_is_judged_as_an_unknown_build_never_an_error(tmp_path):
     assert {p["id"]: p["verdict"] for p in data["patches"]}["stream-load"] == "upstream"
     table = run_cli("drift", "--wheel", path)
     assert table.code == 0 and "unknown build" in table.stdout
+
+
+# -- a dry run's diff, list, a markdown report ----------------------------------------------
+def test_dry_run_prints_diff_and_writes_nothing(make_tree, cli):
+    tree = make_tree("0.31.0")
+    before = stat_snapshot(tree)
+    result = cli("apply", "--site-packages", tree, "--dry-run")
+    assert result.code == 0
+    assert f"+++ b/{VL_MODEL}" in result.stdout
+    assert "+            mapped = _patch_dsv4_stream_language_model_first(mapped)" in result.stdout
+    assert stat_snapshot(tree) == before
+    assert not (tree / ".patch-dsv4").exists() and not (tree / ".patch-dsv4.lock").exists()
+
+
+def test_list_shows_every_patch_with_why(cli):
+    result = cli("list", "--json")
+    assert result.code == 0
+    patches = json.loads(result.stdout)["patches"]
+    assert "stream-load" in {p["id"] for p in patches}
+    assert all(p["why"] and p["title"] for p in patches)
+
+
+def test_markdown_report(make_tree, cli):
+    tree = make_tree("0.33.0")
+    result = cli("status", "--site-packages", tree, "--format", "markdown")
+    assert result.code == 0
+    assert "| `stream-load` | upstream |" in result.stdout
+
+
+# -- short output ------------------------------------------------------------------------------------------------
+def test_an_error_line_in_a_pipe_is_at_most_200_characters(make_tree):
+    tree = make_tree("0.30.0")
+    hand_edit(tree / VL_MODEL, (tree / VL_MODEL).read_text() + "\n# a local hotfix\n")
+    out = subprocess.run(
+        [sys.executable, "-m", "patch_dsv4", "apply", "--site-packages", str(tree), "--only", "x" * 5000],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 2 and out.stderr.strip()
+    assert all(len(line) <= 200 for line in out.stderr.splitlines()), out.stderr
+    refused = subprocess.run(
+        [sys.executable, "-m", "patch_dsv4", "apply", "--site-packages", str(tree)], capture_output=True, text=True
+    )
+    assert refused.returncode == 1
+    assert all(len(line) <= 200 for line in refused.stderr.splitlines()) and "next:" in refused.stderr
+
+
+@pytest.mark.parametrize("command", ["status", "apply", "takeover", "verify", "revert", "drift", "doctor"])
+def test_help_shows_no_python_type_names(command):
+    out = subprocess.run([sys.executable, "-m", "patch_dsv4", command, "--help"], capture_output=True, text=True)
+    assert out.returncode == 0
+    for name in ("<str>", "<path>", "<float>", "list[", "<int>", "TEXT", "FLOAT"):
+        assert name not in out.stdout, (name, out.stdout)

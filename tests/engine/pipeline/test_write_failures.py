@@ -68,6 +68,7 @@ def _one_line(result) -> str:
     return lines[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "version,files",
     [("0.30.0", 2), ("0.28.0", 4)],
@@ -106,6 +107,7 @@ def test_apply_fails_at_every_write_step(version, files, make_tree):
     print(f"{version}: {n - 1} write steps, {failed} undone, {complete} after completion")
 
 
+@pytest.mark.slow
 def test_apply_over_an_earlier_apply_fails_at_every_write_step(make_tree):
     """The state already holds one patch: a failed apply of the next one restores that state exactly."""
     tree = make_tree("0.30.0")
@@ -130,6 +132,7 @@ def test_apply_over_an_earlier_apply_fails_at_every_write_step(make_tree):
     print(f"apply over an earlier apply: {n - 1} write steps")
 
 
+@pytest.mark.slow
 def test_revert_fails_at_every_write_step(make_tree):
     tree = make_tree("0.30.0")
     original = content_snapshot(tree)

@@ -87,7 +87,7 @@ V41_VL_MODEL = f"{RELEASE_PACKAGE}/nvidia/vl_model.py"
 
 def test_drift_reports_the_v41_anchors(tmp_path, cli):
     """The recorded V4.1 fingerprints: a change around the anchor is new, a change of the anchor drifts."""
-    from tests.test_drift import _replace_once, mini_wheel
+    from tests.engine.anchors.test_drift import _replace_once, mini_wheel
 
     (tmp_path / "around").mkdir()
     around = mini_wheel(

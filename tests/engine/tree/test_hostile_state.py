@@ -279,9 +279,10 @@ for tree in sys.argv[2:]:
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("version", ["3.10", "3.11", "3.12", "3.13"])
 def test_every_cpython_reads_the_hostile_state_the_same(version, make_tree, cli, tmp_path):
-    from tests.test_guard import _installed_copy
+    from tests.engine.fastpath.test_guard import _installed_copy
 
     python = _interpreter(version)
     if python is None:

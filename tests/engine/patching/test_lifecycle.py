@@ -96,3 +96,20 @@ def test_apply_twice_verify_revert(version, reformatted, make_tree, cli):
     after = cli("verify", "--site-packages", tree, "--json")
     assert after.code == (1 if needed else 0), after.stdout
     assert {pid for pid, v in after.verdicts().items() if v == "pending"} == needed
+
+
+@pytest.mark.parametrize("version,problem", [("0.28.0", False), ("0.29.0", True)])
+def test_injected_constructor_call_binds_to_the_release(version, problem, make_tree):
+    """0.29.0 dropped AutoWeightsLoader's skip_substrs: injected code using it must not fit there."""
+    from patch_dsv4.patching.resolve import check_injected
+    from patch_dsv4.pipeline.reading import context_for
+    from patch_dsv4.tree.environment import locate_vllm
+
+    env = locate_vllm(make_tree(version))
+    code = "loader = AutoWeightsLoader(self, skip_substrs=['mtp.'])"
+    problems = check_injected(context_for(env), "vllm/models/deepseek_v4/nvidia/model.py", [code], {"self"})
+    assert bool(problems) == problem, problems
+    if problem:
+        assert "AutoWeightsLoader" in problems[0] and "skip_substrs" in problems[0]
+    fits = "loader = AutoWeightsLoader(self, ignore_unexpected_prefixes=['vision.'])"
+    assert check_injected(context_for(env), "vllm/models/deepseek_v4/nvidia/model.py", [fits], {"self"}) == []

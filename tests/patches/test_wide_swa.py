@@ -123,7 +123,7 @@ def test_only_the_sm120_prefill_call_changes(make_tree, cli):
     assert result.patch("wide-swa")["verdict"] == "applied"
     after = stat_snapshot(tree)
     changed = {f for f in after if before.get(f) != after[f] and not f.startswith(".patch-dsv4")}
-    # and V4.1's own SM120 prefill (tests/test_v41.py), nothing else
+    # and V4.1's own SM120 prefill (tests/patches/test_v41.py), nothing else
     assert changed == {FLASHINFER_SPARSE, "vllm/models/deepseek_v41/nvidia/flashinfer_sparse.py"}
 
     old, new = _methods(ast.parse(original)), _methods(ast.parse(path.read_text()))

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import ast
 import io
+import json
 import os
 import subprocess
 import sys
 import textwrap
 from contextlib import redirect_stdout
+from pathlib import Path
 
 import pytest
 
@@ -16,6 +18,7 @@ from patch_dsv4.fastpath import quick
 from patch_dsv4.output import render
 from patch_dsv4.output.verdicts import Report
 from patch_dsv4.patches.stream_load import VL_MODEL
+from tests.releases import wheel_file
 
 #: The file whose dtype gate dtype-policy judges upstream on 0.30.0: ``==`` for ``!=`` there makes it pending.
 O_PROJ = "vllm/models/deepseek_v4/nvidia/ops/o_proj.py"
@@ -120,7 +123,6 @@ def test_the_patch_digest_covers_every_module_that_judges_in_every_folder(tmp_pa
     """verify's fast path and the guard trust recorded verdicts only if the patch digest is what it was: a change
     to any module of the engine, in whichever folder it lies, or to any patch changes it; doctor's modules do not."""
     import shutil
-    from pathlib import Path
 
     import patch_dsv4
     import patch_dsv4.patches
@@ -209,7 +211,6 @@ def test_bytes_written_through_mmap_are_caught_whatever_the_file_attributes_say(
     """The dtype gate inverted in place (``==`` for ``!=``, the same size) through a shared mapping, the mtime set
     back: verify, --expect and the guard's fingerprint say so, as a full status does."""
     import shutil
-    from pathlib import Path
 
     source = make_tree("0.30.0")
     if where == "tmpfs":
@@ -334,3 +335,43 @@ def test_an_option_left_to_typer_is_answered_by_typer(make_tree, cli):
     for extra in (["--lock-timeout", "5"], ["--with", "aux-streams"]):
         assert entry._plain_options(["verify", "--site-packages", str(tree), *extra], "verify") is None
     assert cli("verify", "--site-packages", tree, "--lock-timeout", "5").code == 0
+
+
+# -- verify's fast path ---------------------------------------------------------------------
+def test_verify_fast_path_is_keyed_by_the_patch_definitions(make_tree, cli, monkeypatch):
+    from patch_dsv4.fastpath import quick
+
+    tree = make_tree("0.30.0")
+    assert cli("apply", "--site-packages", tree).code == 0
+    fast = cli("verify", "--site-packages", tree, "--json")
+    assert fast.code == 0 and "hashes match" in fast.json()["summary"]
+    monkeypatch.setattr(quick, "patch_digest", lambda: "another definition of the patches")
+    slow = cli("verify", "--site-packages", tree, "--json")
+    assert slow.code == 0 and "hashes match" not in slow.json()["summary"]
+
+
+@pytest.mark.parametrize("forged", ["empty", "upstream-everywhere"])
+def test_forged_state_cannot_make_verify_pass_on_an_unpatched_tree(forged, make_tree, cli):
+    tree = make_tree("0.30.0")
+    assert cli("apply", "--site-packages", tree).code == 0
+    assert cli("revert", "--site-packages", tree).code == 0
+    assert cli("apply", "--site-packages", tree).code == 0
+    manifest = tree / ".patch-dsv4" / "manifest.json"
+    data = json.loads(manifest.read_text())
+    for relpath in list(data["files"]):  # put the release's own files back behind the state's back
+        (tree / relpath).unlink()
+        (tree / relpath).write_bytes(wheel_file("0.30.0", relpath))
+    data["files"] = {}
+    if forged == "upstream-everywhere":
+        import hashlib
+
+        for verdict in data["verdicts"].values():
+            verdict["verdict"] = "upstream"
+        data["inputs"] = {  # a file the judgement found absent stays recorded as absent (None)
+            rel: hashlib.sha256((tree / rel).read_bytes()).hexdigest() if (tree / rel).exists() else None
+            for rel in data["inputs"]
+        }
+    manifest.write_text(json.dumps(data))
+    result = cli("verify", "--site-packages", tree, "--json")
+    assert result.code == 1, result.stdout
+    assert result.verdicts()["stream-load"] == "pending"

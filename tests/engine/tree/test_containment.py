@@ -22,6 +22,7 @@ from patch_dsv4.patches.stream_load import VL_MODEL
 from patch_dsv4.patches.wide_swa import FLASHINFER_SPARSE
 from tests.conftest import ROOT
 from tests.errors import error_lines
+from tests.errors import exit_2_line as _error
 from tests.releases import content_snapshot, stat_snapshot, wheel_file
 
 COMMANDS = ("status", "verify", "apply", "revert")
@@ -528,3 +529,21 @@ def test_root_apply_keeps_owner_group_and_mode_and_the_owner_can_revert(cli):
             assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (OTHER_UID, 0o640)
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+# -- odd targets ---------------------------------------------------------------------
+@pytest.mark.parametrize("odd", ["directory", "link-loop"])
+def test_target_that_is_a_directory_or_a_link_loop(odd, make_tree, cli):
+    tree = make_tree("0.30.0")
+    target = tree / VL_MODEL
+    target.unlink()
+    if odd == "directory":
+        target.mkdir()
+    else:
+        loop = target.with_name("loop.py")
+        loop.symlink_to(target.name)
+        target.symlink_to(loop.name)
+    before = stat_snapshot(tree)
+    for command in ("status", "verify", "apply"):
+        _error(cli(command, "--site-packages", tree), VL_MODEL)
+    assert stat_snapshot(tree) == before

@@ -17,7 +17,7 @@ from tests.releases import PINNED_FLASHINFER, hand_edit, install_flashinfer_sour
 
 
 def _records(caplog):
-    """Our log records, but for the DEBUG line that gives the fingerprint before a report (tests/test_serving.py)."""
+    """Our log records, but for the DEBUG line that gives the fingerprint before a report (test_serving.py)."""
     return [
         r
         for r in caplog.records

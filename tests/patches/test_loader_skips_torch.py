@@ -13,8 +13,8 @@ import pytest
 from patch_dsv4.patches import loader_skips
 from patch_dsv4.patches.loader_skips import DSPARK, MODEL
 from tests.injected import function_node
+from tests.patches.test_loader_skips import UTILS, loader_call
 from tests.records import releases_needing
-from tests.test_loader_skips import UTILS, loader_call
 
 torch = pytest.importorskip("torch")
 nn = torch.nn

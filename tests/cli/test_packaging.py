@@ -20,7 +20,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.releases import cache_lock
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _package_dirs() -> dict[str, str]:
@@ -55,9 +57,10 @@ def dists(tmp_path_factory) -> tuple[Path, Path]:
         out = Path(given)
     else:
         out = tmp_path_factory.mktemp("dist")
-        built = subprocess.run(
-            [sys.executable, "-m", "build", "--outdir", str(out), str(ROOT)], capture_output=True, text=True
-        )
+        with cache_lock("build-checkout"):  # one build at a time in the checkout (pytest -n: one per worker)
+            built = subprocess.run(
+                [sys.executable, "-m", "build", "--outdir", str(out), str(ROOT)], capture_output=True, text=True
+            )
         assert built.returncode == 0, f"python -m build failed:\n{built.stdout[-3000:]}\n{built.stderr[-3000:]}"
     sdists, wheels = sorted(out.glob("patch_dsv4-*.tar.gz")), sorted(out.glob("patch_dsv4-*.whl"))
     assert len(sdists) == 1 and len(wheels) == 1, f"expected one sdist and one wheel in {out}: {os.listdir(out)}"
@@ -131,6 +134,7 @@ def test_the_sdist_holds_what_a_build_needs(dists):
     assert not {n for n in names if "/.venv/" in n or "/.git/" in n or "__pycache__" in n}
 
 
+@pytest.mark.slow
 def test_the_sdist_carries_its_license_and_runs_its_tests(dists, tmp_path):
     sdist, wheel = dists
     top = f"patch_dsv4-{_source_version()}"
@@ -149,7 +153,7 @@ def test_the_sdist_carries_its_license_and_runs_its_tests(dists, tmp_path):
 
     # Every test module imports (its helpers are there), and a test file runs, from the unpacked sdist.
     unpacked = tmp_path / top
-    for args in (["--collect-only", "-m", "not real_vllm"], ["tests/test_registry.py"]):
+    for args in (["--collect-only", "-m", "not real_vllm"], ["tests/engine/patching/test_registry.py"]):
         ran = subprocess.run(
             [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
             cwd=unpacked,
