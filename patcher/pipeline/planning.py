@@ -368,7 +368,9 @@ def plan_revert(
         plan.new[relpath] = backup
         plan.old[relpath] = state.held(relpath)
         plan.owners[relpath] = list(view.manifest.files[relpath].patches)
-    plan.refusal = _unreplaceable(state, plan.new, "revert")
+    # every file the state names, not only those written back: one that a mount shows with pip's bytes may hide
+    # our edit below it, and removing the state would forget the backup that undoes it
+    plan.refusal = _unreplaceable(state, sorted({*plan.new, *view.manifest.files}), "revert")
     if plan.refusal is not None:
         return plan
     plan.previous = view.manifest

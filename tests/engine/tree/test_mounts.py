@@ -22,7 +22,7 @@ from patch_dsv4.patches.stream_load import VL_MODEL
 from patch_dsv4.tree import installed, mounts
 from tests.conftest import ROOT
 from tests.errors import error_lines
-from tests.releases import content_snapshot
+from tests.releases import content_snapshot, wheel_file
 
 OVERLAY = "another tool's overlay; patch the image it comes from"
 # A mount table as /proc/self/mountinfo writes it: optional fields (shared:N) before the "-", escapes in paths.
@@ -187,6 +187,25 @@ def test_a_directory_mounted_over_site_packages_is_named_and_refused(make_tree, 
     assert content_snapshot(tree) == before
     verify = cli("verify", "--site-packages", tree, "--json").json()  # our bytes are there; the mount is named
     assert verify["exit_code"] == 0 and f"{VL_MODEL}: {reason}" in verify["notes"]
+
+
+def test_revert_refuses_while_a_mount_shows_pip_bytes_over_a_file_it_patched(make_tree, cli, tmp_path, monkeypatch):
+    """Applied, then a kit's directory mounted over common/ showing pip's bytes: our edit lies hidden below it.
+    revert writes nothing there, but it must not remove the state either (its backup is what undoes the hidden
+    edit once the mount is gone): refused, naming the mount, the state kept."""
+    tree = make_tree("0.30.0")
+    assert cli("apply", "--site-packages", tree).code == 0
+    (tree / VL_MODEL).write_bytes(wheel_file("0.30.0", VL_MODEL))  # what the mount shows
+    table = tmp_path / "mountinfo"
+    table.write_text(TABLE.format(root="/kits/dsv4/common", point=_escaped(os.path.realpath(tree / COMMON))))
+    monkeypatch.setattr(installed, "MOUNTINFO", str(table))
+    before = content_snapshot(tree)
+    refused = cli("revert", "--site-packages", tree)
+    assert refused.code == 1, refused.stdout
+    reason = f"{COMMON}/ is mounted over site-packages (ext4 from /kits/dsv4/common): {OVERLAY}"
+    assert error_lines(refused.stderr)[0].startswith(f"patch-dsv4: error: cannot revert {VL_MODEL}"), refused.stderr
+    assert reason in " ".join(error_lines(refused.stderr))
+    assert content_snapshot(tree) == before and (tree / ".patch-dsv4" / "manifest.json").exists()
 
 
 def test_a_mount_a_later_mount_above_it_hides_is_not_one_we_write_into(make_tree, cli, tmp_path, monkeypatch):
