@@ -130,7 +130,8 @@ def _fast_verify(args: list[str]) -> int | None:
     document = quick.recorded_document(located, recorded, target_args, served, hooks, fingerprint=shown)
     if "expect" in options:
         try:
-            serving.write_differences(serving.expect(document, served, options["expect"]))
+            found = serving.expect(document, served, options["expect"])
+            serving.write_differences(found)
         except serving.BadFingerprint:
             return None  # the full path says it properly
     render(document, options["format"], options["verbosity"])

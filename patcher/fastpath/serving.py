@@ -350,6 +350,12 @@ def expect(document: dict, served, expected: str) -> list[str]:
 
 
 def write_differences(found: list[str], stream=None) -> None:
+    """The differences on stderr, in the one layout of messages (80 columns): also where stdout is a report in
+    JSON, or is thrown away (a launcher's ``verify --expect ... >/dev/null``)."""
+    if not found:
+        return
+    from patch_dsv4.output.render import message_lines
+
     stream = stream or sys.stderr
-    for line in found:
-        stream.write(f"patch-dsv4: fingerprint differs from the expected one: {line}\n")
+    lines = message_lines(("", f"fingerprint differs from the expected one: {line}") for line in found)
+    stream.write("\n".join(lines) + "\n")
