@@ -139,12 +139,20 @@ def leftover(store: StateStore, view: StateView) -> str:
     """Where an apply interrupted before its journal left what it prepared beside a manifest ("" where nothing is
     left): its staged copies, which the next apply or revert removes (patch_dsv4.pipeline.transaction.recover);
     until then status says so. (A state directory without a manifest is a lost state: :func:`read_lost`.)"""
+    import hashlib
+
     try:
-        if view.kind == "current" and store.copies("staged"):
-            return f"{STATE_DIR}/staged/"
+        staged = store.copies("staged") if view.kind == "current" else []
+        if not staged:
+            return ""
+        files = view.manifest.files if view.manifest is not None else {}
+        for relpath in staged:  # each copy what the manifest says we wrote: it was saved after them, the apply done
+            data = store.read_copy("staged", relpath) if relpath in files else None
+            if data is None or hashlib.sha256(data).hexdigest() != files[relpath].after:
+                return f"{STATE_DIR}/staged/"
+        return f"{STATE_DIR}/staged/ (completed)"
     except Exception:  # an unreadable state is recovery's to refuse, not a note's
         return ""
-    return ""
 
 
 def read_lost(env: Environment, store: StateStore, absent_too: bool = False) -> LostState | None:

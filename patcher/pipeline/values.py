@@ -37,7 +37,9 @@ class StateView:
     kind: str  # "none" | "current" | "stale" | "interrupted"
     modified: dict[str, str]  # relpath -> why
     ours: set[str]  # files that are as we wrote them
-    leftover: str = ""  # what an apply interrupted before its journal left in the state directory ("" for nothing)
+    # staged copies an interrupted apply left in the state directory ("" for none), with " (completed)" where the
+    # manifest names each as what we wrote (it was saved after them: the apply was done)
+    leftover: str = ""
 
 
 NO_STATE = StateView(None, "none", {}, set())
@@ -403,6 +405,12 @@ def state_notes(view: StateView) -> list[str]:
         return [f"state written for vLLM {view.manifest.vllm_version} is stale: its backups will never be restored"]
     if view.kind == "interrupted":
         return ["an earlier apply or revert was interrupted; the next apply or revert finishes it"]
+    if view.leftover.endswith(" (completed)"):
+        return [
+            f"an apply completed and was interrupted while it removed its staged copies: "
+            f"{view.leftover.removesuffix(' (completed)')} holds them, which the next apply or revert removes "
+            "(nothing else to do: the files are as this report says)"
+        ]
     if view.leftover:
         return [
             f"an apply was interrupted before it changed a file: {view.leftover} holds what it prepared, which the "

@@ -147,6 +147,32 @@ def test_an_apply_interrupted_after_its_commit_says_it_completed(make_tree, cli,
     assert cli("verify", "--site-packages", tree).code == 0
 
 
+def test_an_apply_interrupted_as_it_removes_its_staged_copies_is_said_completed_by_status(make_tree, cli, monkeypatch):
+    """Ctrl-C after the commit, while apply removes its staged copies: status says the apply completed (the rows
+    say applied), never that it was interrupted before it changed a file; the next apply removes them."""
+    from patch_dsv4.tree.state import StateStore
+
+    tree = make_tree("0.30.0")
+    clear = StateStore.clear_staged
+
+    def interrupt(self, *args, **kwargs):
+        monkeypatch.setattr(StateStore, "clear_staged", clear)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(StateStore, "clear_staged", interrupt)
+    result = cli("apply", "--site-packages", tree)
+    monkeypatch.undo()
+    assert result.code == 130 and "apply completed" in " ".join(error_lines(result.stderr)), result.stderr
+    assert (tree / ".patch-dsv4" / "staged").is_dir()
+    status = cli("status", "--site-packages", tree)
+    note = " ".join(status.stdout.split("note: ", 1)[1].split())
+    assert note.startswith("an apply completed and was interrupted while it removed its staged copies"), note
+    assert "interrupted before it changed a file" not in status.stdout
+    assert all(len(line) <= 80 for line in status.stdout.splitlines())
+    assert cli("verify", "--site-packages", tree).code == 0
+    assert cli("apply", "--site-packages", tree).code == 0 and not (tree / ".patch-dsv4" / "staged").exists()
+
+
 def test_a_staged_copy_an_interrupt_left_is_said_by_status_and_removed_by_the_next_apply(make_tree, cli, monkeypatch):
     from patch_dsv4.pipeline import transaction
 
