@@ -49,12 +49,15 @@ def _failure(action: str, rel: str, exc: Exception, undone: bool, env: Environme
     where = env.site_packages / (rel if rel.startswith("vllm/") else STATE_DIR)
     cause, fix = _cause(where, exc) or (reason, "fix the cause")
     if undone:
-        again = fix.replace("{again}", AGAIN) if "{again}" in fix else f"{fix}, then {AGAIN}"
+        # a fix that is a command runs before the same command again, as one line a user can paste
+        then = " && " if fix.startswith("chattr ") else ", then "
+        again = fix.replace("{again}", AGAIN) if "{again}" in fix else f"{fix}{then}{AGAIN}"
         return WriteFailed(f"cannot {action} {rel}", f"{cause}; nothing was changed", again)
     return WriteFailed(
         f"cannot {action} {rel}",
         f"{cause}; the tree could not be put back",
-        f"{fix.replace('{again}', 'it')}, then patch-dsv4 apply{env.target.args()} (or revert) finishes it",
+        f"{fix.replace('{again}', 'it')}{' && ' if fix.startswith('chattr ') else ', then '}"
+        f"patch-dsv4 apply{env.target.args()} (or revert) finishes it",
     )
 
 
@@ -237,8 +240,8 @@ def _read_only_notes(targets: list[_Target], done: str) -> list[str]:
         return []
     mode = stat.filemode(stat.S_IFREG | read_only[0].owner.mode)
     return [
-        f"{done} {len(read_only)} read-only file(s) as root may (mode {mode}, e.g. {read_only[0].relpath}); "
-        "each keeps its mode"
+        f"{done} {len(read_only)} file(s) whose mode lets no one write them (mode {mode}, e.g. "
+        f"{read_only[0].relpath}): root may write them, and each keeps its mode"
     ]
 
 

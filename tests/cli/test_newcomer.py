@@ -267,7 +267,7 @@ def test_an_immutable_file_is_named_with_the_command_that_frees_it(make_tree, cl
         (said,) = error_lines(result.stderr)
         assert said == (
             f"patch-dsv4: error: cannot write {FLASHINFER_SPARSE}: Operation not permitted: the file is immutable"
-            f" (chattr +i; lsattr shows it); nothing was changed (next: chattr -i {target}, then patch-dsv4 apply"
+            f" (chattr +i; lsattr shows it); nothing was changed (next: chattr -i {target} && patch-dsv4 apply"
             f" --site-packages {tree})"
         )
     finally:
@@ -321,10 +321,10 @@ def test_read_only_files_written_as_root_keep_their_mode_and_are_noted(make_tree
         assert result.code == 0, result.stderr
         assert (tree / VL_MODEL).stat().st_mode & 0o777 == 0o444
         note = " ".join(result.stdout.split("note: ", 1)[1].split("\n")[:3])
-        assert note.startswith("patched 5 read-only file(s) as root may (mode -r--r--r--, e.g. vllm/models/")
-        assert "each keeps its mode" in note
+        assert note.startswith("patched 5 file(s) whose mode lets no one write them (mode -r--r--r--, e.g.")
+        assert "root may write them, and each keeps its mode" in note
         reverted = cli("revert", "--site-packages", tree)
-        assert "restored 5 read-only file(s)" in reverted.stdout.replace("\n", " ")
+        assert "restored 5 file(s) whose mode lets no one write them" in " ".join(reverted.stdout.split())
         assert (tree / VL_MODEL).stat().st_mode & 0o777 == 0o444
     finally:
         subprocess.run(["chmod", "-R", "u+w", str(models)], check=True)

@@ -214,8 +214,8 @@ def test_a_pin_pips_index_does_not_serve_is_fixed_with_the_nearest_version_it_se
     row = check_row(deployment.context(), "rt.flashinfer")
     assert row.status == "fail"
     assert row.fix == (
-        "/opt/venv/bin/python -m pip install flashinfer-python==0.7.4 (vLLM 0.33.0's pin) "
-        "(0.7.3 is not on pip's index; 0.7.4 is the nearest above it that it serves)"
+        "/opt/venv/bin/python -m pip install flashinfer-python==0.7.4 "
+        "(vLLM 0.33.0 pins 0.7.3, which pip's index does not serve; 0.7.4 is the nearest above it)"
     )
     deployment.change_runtime(target_args="")  # doctor's own interpreter's environment
     assert check_row(deployment.context(), "rt.flashinfer").fix.startswith(

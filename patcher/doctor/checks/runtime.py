@@ -175,6 +175,9 @@ def flashinfer_install(runtime: Runtime, wanted: str, why: str = "", *, no_deps:
             f"pip's index serves no flashinfer-python at or above {wanted} ({listing} lists what it serves); "
             f"install {wanted} from where it is published{why}"
         )
+    if why.endswith("'s pin)"):  # the pin is what is not served: said once, not as the version installed
+        why = f" (vLLM {runtime.vllm_version} pins {wanted}, which pip's index does not serve; {near} is the nearest"
+        return pip_install(runtime, *extra, f"flashinfer-python=={near}") + f"{why} above it)"
     return pip_install(runtime, *extra, f"flashinfer-python=={near}") + (
         f"{why} ({wanted} is not on pip's index; {near} is the nearest above it that it serves)"
     )

@@ -190,7 +190,7 @@ def test_immutable_target_is_refused_before_anything_changes(make_tree):
         _unchanged(tree, original, result)
         line = _one_line(result)  # the cause, and what removes it (then the same command)
         assert f"{FLASHINFER_SPARSE}: Operation not permitted: the file is immutable (chattr +i; lsattr" in line
-        assert line.endswith(f"(next: chattr -i {target}, then patch-dsv4 apply --site-packages {tree})")
+        assert line.endswith(f"(next: chattr -i {target} && patch-dsv4 apply --site-packages {tree})")
     finally:
         subprocess.run(["chattr", "-i", str(target)], check=True)
 
