@@ -77,6 +77,12 @@ def check() -> None:
     except Unreadable as exc:  # a malformed state or dist-info: named, never judged around
         if exc.path == "manifest.json":  # patch_dsv4.tree.installed.MANIFEST: apply rebuilds it from proof
             repair = f"run patch-dsv4 apply --python {sys.executable}, which rebuilds it from proof or says why not"
+        elif ".dist-info/" in exc.path:  # pip's record of a project: pip writes it again, then apply our edits
+            project, _, version = exc.path.split(".dist-info/")[0].rpartition("-")
+            repair = (
+                f"reinstall {project} ({sys.executable} -m pip install --force-reinstall --no-deps "
+                f"{project}=={version}), then run patch-dsv4 apply --python {sys.executable}"
+            )
         else:
             repair = f"run patch-dsv4 status --python {sys.executable}"
         message = f"patch-dsv4 cannot check this vLLM: {exc}; {repair} (or set {ENV}=off)"

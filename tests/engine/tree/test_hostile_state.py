@@ -238,7 +238,10 @@ def test_a_hostile_dist_info_is_one_line_and_the_guard_names_it(case, make_tree,
         return
     for command in (("verify", "--json"), ("status",), ("apply",)):  # verify's table reads no WHEEL: no fingerprint
         _one_line(cli(*command, "--site-packages", tree), name)
-    _guard_says(tree, running, monkeypatch, f"vllm-0.30.0.dist-info/{name}", expect=expected)
+    message = _guard_says(tree, running, monkeypatch, f"vllm-0.30.0.dist-info/{name}", expect=expected)
+    # the repair runs: pip writes its record again, then apply puts our edits back
+    assert f"reinstall vllm ({sys.executable} -m pip install --force-reinstall --no-deps vllm==0.30.0)" in message
+    assert f"then run patch-dsv4 apply --python {sys.executable}" in message
 
 
 # -- every CPython the project supports ------------------------------------------------------------------------------
