@@ -50,7 +50,11 @@ class Hook:
         """One line of at most ``width`` columns (74: the table prints it after ``note: ``, in 80): the file
         (relative to ``site_packages`` where it lies in it, shortened at its start where it must be), and what
         verify cannot see of it."""
-        tail = " hooks vllm: verify covers files, not import-time changes"
+        tail = (
+            " hooks vllm: verify covers files, not import-time changes"
+            if self.whole or self.modules
+            else " may hook vllm (read in part): verify covers files only"
+        )
         shown = self.path
         if site_packages:
             prefix = os.path.join(site_packages, "")

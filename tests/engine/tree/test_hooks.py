@@ -141,6 +141,10 @@ def test_a_hostile_hook_is_read_in_bounds_and_never_run(hostile, tmp_path):
     if hostile == "huge":
         (hook,) = found
         assert hook.modules == () and not hook.whole and hook.named() == "none it could read"
+        # the note claims no more than was read
+        note = hook.note(str(site))
+        assert note == "sitecustomize.py may hook vllm (read in part): verify covers files only", note
+        assert len(note) <= 74
     elif hostile == "not-utf8":
         (hook,) = found
         assert hook.modules == ("vllm",)
