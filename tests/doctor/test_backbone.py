@@ -190,11 +190,16 @@ def test_a_name_the_other_layers_of_its_kind_carry_is_named(tmp_path):
 
 
 def test_the_draft_alone_missing_a_tensor_is_a_warning(tmp_path):
-    row = backbone(build_mixedk_pack(tmp_path / "pack", edit_tensors=dropping(r"mtp\.1\.attn\.wq_b\.weight")))
+    pack = build_mixedk_pack(tmp_path / "pack", edit_tensors=dropping(r"mtp\.1\.attn\.wq_b\.weight"))
+    row = backbone(pack)
     assert (
         row.status == WARN
         and "the draft lacks 1 tensor: draft 1 on stage 1 (first: mtp.1.attn.wq_b.weight)" in row.detail
     )
+    # the fix fits the serve line: no draft asked for, nothing to drop
+    assert row.fix.endswith("It matters only with --speculative-config, which the serve line does not give."), row.fix
+    drafting = backbone(pack, """--speculative-config '{"method": "mtp", "num_speculative_tokens": 1}'""")
+    assert drafting.status == WARN and drafting.fix.endswith("Or serve without --speculative-config."), drafting.fix
 
 
 def test_a_partial_vision_tower_fails_unless_images_are_off(tmp_path):

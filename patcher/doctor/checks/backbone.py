@@ -31,7 +31,7 @@ from patch_dsv4.doctor.readers.inventory import (
     top_needs,
     vision_needs,
 )
-from patch_dsv4.doctor.readers.pack import PackScan, config_int, first_of, no_shards, pack_scan
+from patch_dsv4.doctor.readers.pack import PackScan, config_int, drafts_from_mtp, first_of, no_shards, pack_scan
 from patch_dsv4.doctor.readers.serving_env import older_than
 
 VISION_CLASS = (0, 30)  # the first vLLM with DeepSeek's vision classes (and their gates' bias_vl)
@@ -312,7 +312,12 @@ def check_backbone(ctx: DoctorContext) -> Row:
                 "doctor reads it has no parameter for it: a pack cut unevenly, or a tensor doctor does not know)"
             )
         fix = (
-            _fix(ctx, groups) + " Or serve without --speculative-config."
+            _fix(ctx, groups)
+            + (
+                " Or serve without --speculative-config."
+                if drafts_from_mtp(ctx)
+                else " It matters only with --speculative-config, which the serve line does not give."
+            )
             if found
             else (
                 "Compare the layer with the others of its kind and restore what it lacks from the checkpoint the pack "
