@@ -19,6 +19,7 @@ from patch_dsv4.patches.wide_swa import FLASHINFER_SPARSE
 from tests.conftest import ROOT, run_cli
 from tests.errors import error_lines
 from tests.releases import content_snapshot, hand_edit
+from tests.terminal import in_a_terminal
 
 OPT_INS = "aux-streams, dense-exl3, exl3-wo-a-slices"
 
@@ -506,8 +507,6 @@ def _slow_index(tmp_path: Path, seconds: float):
 
 
 def test_a_wheel_fetch_shows_bytes_and_rate_on_a_terminal_and_nothing_more_on_a_pipe(tmp_path):
-    import pty
-
     server, index = _slow_index(tmp_path, 3.0)
     try:
         args = [
@@ -521,23 +520,8 @@ def test_a_wheel_fetch_shows_bytes_and_rate_on_a_terminal_and_nothing_more_on_a_
             "--pip-option=--no-cache-dir",
         ]
         env = {**os.environ, "COLUMNS": "80", "TERM": "xterm"}
-        leader, follower = pty.openpty()
-        proc = subprocess.Popen(
-            [*args, "--cache-dir", str(tmp_path / "tty")], stdout=follower, stderr=follower, env=env
-        )
-        os.close(follower)
-        chunks = []
-        while True:
-            try:
-                chunk = os.read(leader, 65536)
-            except OSError:
-                break
-            if not chunk:
-                break
-            chunks.append(chunk)
-        proc.wait()
-        os.close(leader)
-        shown = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", b"".join(chunks).decode())
+        shown = in_a_terminal([*args[3:], "--cache-dir", str(tmp_path / "tty")])
+        shown = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", shown)
         frames = shown.replace("\r\n", "\n").replace("\r", "\n").splitlines()
         bars = [f for f in frames if f.startswith("vllm==9.9.9 ") and "MB/s" in f]
         assert bars, shown[-2000:]

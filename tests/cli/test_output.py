@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import pty
 import re
 import subprocess
 import sys
@@ -24,6 +23,7 @@ from patch_dsv4.patches.wide_swa import FLASHINFER_SPARSE
 from tests.conftest import ROOT, run_cli
 from tests.errors import error_lines
 from tests.releases import content_snapshot, copy_tree, hand_edit, pristine_tree, stat_snapshot, wheel
+from tests.terminal import in_a_terminal as _in_a_terminal
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 SCHEMA = json.loads((ROOT / "patcher" / "report.schema.json").read_text())
@@ -147,29 +147,6 @@ def test_apply_names_the_files_written_and_where_the_backups_are(make_tree, cli)
     ]
     listed = cli("revert", "--site-packages", tree, "-v").stdout
     assert f"  {VL_MODEL}\n" in listed and f"  {FLASHINFER_SPARSE}\n" in listed
-
-
-def _in_a_terminal(args: list[str], env_extra: dict | None = None, columns: int = 80) -> str:
-    """Run the command with stdout and stderr on a pseudo-terminal; what it printed."""
-    leader, follower = pty.openpty()
-    env = {**os.environ, "COLUMNS": str(columns), "TERM": "xterm", **(env_extra or {})}
-    env.pop("NO_COLOR", None) if "NO_COLOR" not in (env_extra or {}) else None
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "patch_dsv4", *args], stdout=follower, stderr=follower, env=env, cwd=ROOT
-    )
-    os.close(follower)
-    chunks = []
-    while True:
-        try:
-            chunk = os.read(leader, 65536)
-        except OSError:
-            break
-        if not chunk:
-            break
-        chunks.append(chunk)
-    proc.wait()
-    os.close(leader)
-    return b"".join(chunks).decode().replace("\r\n", "\n")
 
 
 def test_on_a_terminal_colour_unless_no_color(make_tree):
