@@ -85,3 +85,21 @@ def test_a_module_that_builds_no_release_tree_fetches_nothing_on_a_cold_cache(tm
 
 def test_ci_runs_the_readme_command_requiring_the_wheels():
     assert f"{releases.REQUIRE_WHEELS}=1" in (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+
+
+def test_ci_drifts_every_recorded_release_and_nothing_else(tmp_path):
+    """.ci/run's drift loop, run as written over the checkout's anchors/ with a stand-in patch-dsv4: it is asked
+    for each recorded release once (not for the probe answers recorded beside them, anchors/vllm-X.probes.json)."""
+    from patch_dsv4.releases.anchors_store import recorded_versions
+
+    text = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    loop = text[text.index("drift_status=0") : text.index("\ndone\n") + len("\ndone\n")]
+    (tmp_path / "anchors").symlink_to(ROOT / "anchors")
+    stand_in = tmp_path / ".venv" / "bin" / "patch-dsv4"
+    stand_in.parent.mkdir(parents=True)
+    stand_in.write_text('#!/bin/sh\necho "$3" >> asked\necho "**drift: vLLM $3**"\n')
+    stand_in.chmod(0o755)
+    script = f'set -u\nreports={tmp_path}\n{loop}\nexit "$drift_status"\n'
+    run = subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert (tmp_path / "asked").read_text().split() == recorded_versions(ROOT / "anchors")
