@@ -10,9 +10,15 @@ from __future__ import annotations
 MAX_LINE = 80
 
 
+def fits(line: str, width: int = MAX_LINE) -> bool:
+    """Whether a printed line keeps to ``width`` columns: it does, or it is one word too long for any line (a path
+    under a long temporary directory, as pytest-xdist's workers make) standing alone after its lead."""
+    return len(line) <= width or len(line.split()) <= 3
+
+
 def error_lines(stderr: str) -> list[str]:
     lines = stderr.strip().splitlines()
-    assert all(len(line) <= MAX_LINE or len(line.split()) <= 3 for line in lines), stderr
+    assert all(fits(line) for line in lines), stderr
     errors: list[dict[str, str]] = []  # each: its first line, and its why and next
     part = None
     for line in lines:

@@ -17,7 +17,7 @@ import pytest
 from patch_dsv4.patches.stream_load import VL_MODEL
 from patch_dsv4.patches.wide_swa import FLASHINFER_SPARSE
 from tests.conftest import ROOT, run_cli
-from tests.errors import error_lines
+from tests.errors import error_lines, fits
 from tests.releases import content_snapshot, hand_edit
 from tests.terminal import in_a_terminal
 
@@ -59,17 +59,17 @@ def test_list_is_a_line_a_patch_and_the_prose_on_asking(cli):
 
     patches = discover_patches()
     lines = cli("list").stdout.splitlines()
-    assert len(lines) == len(patches) + 1 and all(len(line) <= 80 for line in lines), lines
+    assert len(lines) == len(patches) + 1 and all(fits(line) for line in lines), lines
     for patch, line in zip(patches, lines, strict=False):
         assert re.match(rf"{re.escape(patch.id)} +{'opt-in' if patch.opt_in else 'default'} +\S", line), line
     assert lines[-1] == "list: 7 patches, 3 opt-in; what each fixes and why: patch-dsv4 list ID (or -v)"
     one = cli("list", "wide-swa")
     prose = one.stdout.splitlines()
     assert one.code == 0 and prose[0].startswith("wide-swa: SM120 prefill")
-    assert all(len(line) <= 80 for line in prose) and "Fixed upstream in FlashInfer 0.7.0" in one.stdout
+    assert all(fits(line) for line in prose) and "Fixed upstream in FlashInfer 0.7.0" in one.stdout
     assert "aux-streams" not in one.stdout
     verbose = cli("list", "-v").stdout
-    assert all(len(line) <= 80 for line in verbose.splitlines())
+    assert all(fits(line) for line in verbose.splitlines())
     assert all(f"{p.id}: " in verbose for p in patches) and "use it: patch-dsv4 apply --with aux-streams" in verbose
     unknown = cli("list", "nope")
     assert unknown.code == 2 and "no patch nope: the patches are aux-streams, " in error_lines(unknown.stderr)[0]
@@ -94,7 +94,7 @@ def test_every_error_is_what_why_next_on_lines_of_their_own_within_80_columns(ma
     usage = cli("statu")
     for result in (refused, failed, usage):
         lines = result.stderr.splitlines()
-        assert lines and all(len(line) <= 80 for line in lines), result.stderr
+        assert lines and all(fits(line) for line in lines), result.stderr
         assert all(re.match(r"patch-dsv4: (error|why|next|  )", line) for line in lines), result.stderr
         assert any(line.startswith("patch-dsv4: next: patch-dsv4 ") for line in lines), result.stderr
     assert "run:" not in failed.stderr
@@ -169,7 +169,7 @@ def test_an_apply_interrupted_as_it_removes_its_staged_copies_is_said_completed_
     note = " ".join(status.stdout.split("note: ", 1)[1].split())
     assert note.startswith("an apply completed and was interrupted while it removed its staged copies"), note
     assert "interrupted before it changed a file" not in status.stdout
-    assert all(len(line) <= 80 for line in status.stdout.splitlines())
+    assert all(fits(line) for line in status.stdout.splitlines())
     assert cli("verify", "--site-packages", tree).code == 0
     assert cli("apply", "--site-packages", tree).code == 0 and not (tree / ".patch-dsv4" / "staged").exists()
 
@@ -193,7 +193,7 @@ def test_a_staged_copy_an_interrupt_left_is_said_by_status_and_removed_by_the_ne
     note = " ".join(status.stdout.split("note: ", 1)[1].split("\n")[:3])
     assert note.startswith("an apply was interrupted before it changed a file: .patch-dsv4/staged/ holds what it")
     assert "the next apply or revert removes" in note
-    assert all(len(line) <= 80 for line in status.stdout.splitlines())
+    assert all(fits(line) for line in status.stdout.splitlines())
     assert cli("apply", "--site-packages", tree).code == 0
     assert (
         not (tree / ".patch-dsv4" / "staged").exists() and "note:" not in cli("status", "--site-packages", tree).stdout
@@ -264,7 +264,7 @@ def test_an_immutable_file_is_named_with_the_command_that_frees_it(make_tree, cl
     try:
         result = cli("apply", "--site-packages", tree)
         assert result.code == 2
-        assert all(len(line) <= 80 or len(line.split()) <= 3 for line in result.stderr.splitlines())
+        assert all(fits(line) or len(line.split()) <= 3 for line in result.stderr.splitlines())
         (said,) = error_lines(result.stderr)
         assert said == (
             f"patch-dsv4: error: cannot write {FLASHINFER_SPARSE}: Operation not permitted: the file is immutable"
@@ -307,7 +307,7 @@ def test_a_tree_a_user_may_not_write_is_said_by_apply_and_verify_alike():
         assert error_lines(verify.stderr)[-1].endswith(
             f"(next: patch-dsv4 apply --site-packages {tree}, as root (nobody may not write {tree}))"
         )
-        assert all(len(line) <= 80 for line in apply.stderr.splitlines() + verify.stderr.splitlines())
+        assert all(fits(line) for line in apply.stderr.splitlines() + verify.stderr.splitlines())
     finally:
         shutil.rmtree(base)
 
@@ -392,7 +392,7 @@ def test_drift_fits_80_columns_and_says_what_absent_means(cli, monkeypatch):
     whl = wheel("vllm", "0.34.0")
     result = cli("drift", "--wheel", whl)
     lines = result.stdout.splitlines()
-    assert all(len(line) <= 80 for line in lines), [line for line in lines if len(line) > 80]
+    assert all(fits(line) for line in lines), [line for line in lines if len(line) > 80]
     assert lines[:3] == ["vLLM 0.34.0 (FlashInfer 0.7.3, pinned)", f"at wheel {whl.name}", "known build"]
     assert lines[-1] == "drift: vLLM 0.34.0, known build: 3 opt-in, 4 upstream"
     document = cli("drift", "--wheel", whl, "--json").json()
@@ -404,7 +404,7 @@ def test_drift_fits_80_columns_and_says_what_absent_means(cli, monkeypatch):
         " from this release (another layout's or release's code: -v names each)"
     ) in said
     verbose = cli("drift", "-v", "--wheel", whl).stdout.splitlines()
-    assert all(len(line) <= 80 for line in verbose)
+    assert all(fits(line) for line in verbose)
     assert "      deepseek_v4_1/nvidia/model.py: absent from this release" in verbose
 
 
@@ -578,4 +578,4 @@ def test_try_doctor_builds_its_packs_and_its_commands_work(tmp_path, make_tree, 
         results.append(result.stdout)
     assert all(r.splitlines()[-1].startswith("doctor: ") for r in results)
     assert "fail  v41.engram-tables" in results[2] and "fail  v41.engram-tables" not in results[1]
-    assert all(len(line) <= 80 for line in lines if not line.startswith(("    --site-packages", "    --pack /")))
+    assert all(fits(line) for line in lines if not line.startswith(("    --site-packages", "    --pack /")))

@@ -21,7 +21,7 @@ from patch_dsv4.output.render import short_path
 from patch_dsv4.patches.stream_load import VL_MODEL
 from patch_dsv4.patches.wide_swa import FLASHINFER_SPARSE
 from tests.conftest import ROOT, run_cli
-from tests.errors import error_lines
+from tests.errors import error_lines, fits
 from tests.releases import content_snapshot, copy_tree, hand_edit, pristine_tree, stat_snapshot, wheel
 from tests.terminal import in_a_terminal as _in_a_terminal
 
@@ -58,7 +58,7 @@ def test_status_fits_one_screen_a_line_a_patch(version, make_tree, cli):
     tree = make_tree(version)
     result = cli("status", "--site-packages", tree)
     lines = result.stdout.splitlines()
-    assert all(len(line) <= 80 for line in lines), [line for line in lines if len(line) > 80]
+    assert all(fits(line) for line in lines), [line for line in lines if len(line) > 80]
     assert "\x1b" not in result.stdout and not any(ch in result.stdout for ch in "┏━│┃╇")
     assert "known build; state: none" in lines
     assert lines[lines.index("known build; state: none") + 1 :] == [*ROWS[version], lines[-1]]
@@ -132,7 +132,7 @@ def test_quiet_prints_the_closing_line_and_verbose_all_evidence(make_tree, cli):
     verbose = cli("status", "--site-packages", tree, "-v").stdout
     assert "anchor matches" not in normal and "anchor matches" in verbose  # pending evidence only with -v
     assert "deep_gemm_fp8_o_proj" not in normal and "deep_gemm_fp8_o_proj" in verbose  # upstream's, in full
-    assert all(len(line) <= 80 for line in verbose.splitlines() if not line.startswith("        "))
+    assert all(fits(line) for line in verbose.splitlines() if not line.startswith("        "))
 
 
 def test_apply_names_the_files_written_and_where_the_backups_are(make_tree, cli):
@@ -153,7 +153,7 @@ def test_on_a_terminal_colour_unless_no_color(make_tree):
     tree = make_tree("0.30.0")
     coloured = _in_a_terminal(["status", "--site-packages", str(tree)], columns=80)
     assert "\x1b[" in coloured
-    assert all(len(ANSI.sub("", line)) <= 80 for line in coloured.splitlines())
+    assert all(fits(ANSI.sub("", line)) for line in coloured.splitlines())
     plain = _in_a_terminal(["status", "--site-packages", str(tree)], {"NO_COLOR": "1"}, columns=100)
     assert "\x1b[" not in plain and "pending" in plain
 
@@ -168,7 +168,7 @@ def test_errors_on_a_terminal_are_what_why_next_lines(make_tree):
     # the layout of every error, on a terminal as on a pipe: labelled lines within 80 columns
     assert lines[1].startswith("patch-dsv4: why: ")
     assert any(line.startswith("patch-dsv4: next: ") for line in lines[2:])
-    assert all(len(line) <= 80 for line in lines)
+    assert all(fits(line) for line in lines)
 
 
 # -- the next command, naming the target as the user did --------------------------------------
@@ -238,7 +238,7 @@ def test_a_hand_edit_elsewhere_is_said_once_and_changes_no_other_verdict(make_tr
     text = run_cli("verify", "--site-packages", tree)
     joined = " ".join(text.stdout.split())  # wrapped at 80 columns: join the lines again
     assert joined.count("differs from pip's RECORD") <= 1, text.stdout
-    assert all(len(line) <= 80 for line in text.stdout.splitlines()), text.stdout
+    assert all(fits(line) for line in text.stdout.splitlines()), text.stdout
 
 
 def test_a_hand_edited_patched_file_has_a_way_out_that_loses_nothing(make_tree, cli):
@@ -316,7 +316,7 @@ def test_the_top_level_help_shows_every_command_whole_at_80_columns(monkeypatch)
 
     monkeypatch.setenv("COLUMNS", "80")
     shown = run_cli("--help")
-    assert shown.code == 0 and all(len(line) <= 80 for line in shown.stdout.splitlines()), shown.stdout
+    assert shown.code == 0 and all(fits(line) for line in shown.stdout.splitlines()), shown.stdout
     listed = shown.stdout.split("Commands:\n")[1].splitlines()
     assert sorted(line.split()[0] for line in listed) == sorted(COMMANDS)
     for line in listed:
@@ -359,7 +359,7 @@ def test_a_lock_wait_says_who_holds_the_lock(make_tree):
     assert time.monotonic() - started >= 2.0
     said = result.stderr.replace("\npatch-dsv4:   ", " ")  # a line folded to 80 columns
     assert "waiting for the environment's lock, held by pid 4242 since 2026-11-30 08:00:00" in said
-    assert all(len(line) <= 80 for line in result.stderr.splitlines())
+    assert all(fits(line) for line in result.stderr.splitlines())
 
 
 def test_a_lock_never_freed_times_out_naming_the_holder(make_tree):
