@@ -453,6 +453,8 @@ def test_the_readmes_first_command_reports_the_tools_status_and_writes_no_fixed_
         assert run.returncode == status and not Path(seen.read_text().strip()).exists()
     how = [line for line in _readme_sections()["How it works"][1:] if line.strip()]
     assert len(how) <= 20, len(how)
+    adding = [line for line in _readme_sections()["Adding a patch"][1:] if line.strip()]
+    assert len(adding) <= 15, len(adding)
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert "python examples/try_doctor.py" in readme
     # the README opens with its two commands (the tool's job, then the tests); what else there is to try follows
