@@ -113,17 +113,49 @@ class Interpreter:
     machine: str | None = None
 
 
-_REPORT_CODE = (
-    "import json, platform, sys; print(json.dumps({'path': [p for p in sys.path if p], "
-    "'version': platform.python_version(), 'machine': platform.machine()}))"
+#: Run first in another interpreter, started with ``-S``: its site directories and ``.pth`` path lines as ``site``
+#: adds them (a venv's, the user's, each .pth's directories), without running a start-up hook: no
+#: ``sitecustomize``/``usercustomize`` import, no ``.pth`` line that begins with ``import`` (site.addpackage runs
+#: those). patch-dsv4 reads hooks (tree.hooks), never runs them.
+SAFE_SITE = """\
+import os, site, sys
+def _patch_dsv4_pth(sitedir, name, known_paths):
+    reset = known_paths is None
+    known = set() if reset else known_paths
+    try:
+        with open(os.path.join(sitedir, name), "rb") as fh:
+            text = fh.read(1 << 20).decode("utf-8", "replace")
+    except OSError:
+        return None if reset else known
+    for line in text.splitlines():
+        if not line.strip() or line.startswith(("#", "import ", "import\t")):
+            continue
+        path, case = site.makepath(sitedir, line.rstrip())
+        if case not in known and os.path.exists(path):
+            sys.path.append(path)
+            known.add(case)
+    return None if reset else known
+if sys.path and sys.path[0] == "":
+    del sys.path[0]  # -c's working directory: site would make it absolute; the report leaves it out
+site.addpackage = _patch_dsv4_pth
+site.execsitecustomize = site.execusercustomize = lambda: None
+site.main()
+"""
+
+_REPORT_CODE = SAFE_SITE + (
+    "import json, platform\nprint(json.dumps({'path': [p for p in sys.path if p], "
+    "'version': platform.python_version(), 'machine': platform.machine()}))\n"
 )
 
 
 def ask_interpreter(python: str) -> Interpreter:
-    """Ask another interpreter for its sys.path, without importing anything of vLLM."""
+    """Ask another interpreter for its sys.path, without importing anything of vLLM and without running its start-up
+    hooks (``-S``, then :data:`SAFE_SITE`)."""
     advice = "pass --python a working Python interpreter"
     try:
-        proc = subprocess.run([python, "-c", _REPORT_CODE], capture_output=True, text=True, timeout=60, check=False)
+        proc = subprocess.run(
+            [python, "-S", "-c", _REPORT_CODE], capture_output=True, text=True, timeout=60, check=False
+        )
     except (OSError, subprocess.TimeoutExpired, ValueError) as exc:
         raise EnvironmentProblem(f"cannot run {python}", _short(exc), advice) from None
     if proc.returncode != 0:

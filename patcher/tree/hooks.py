@@ -114,14 +114,34 @@ def _module_file(name: str, directories) -> str | None:
 
 
 def _imported(line: str) -> list[str]:
-    """The top-level modules an ``import a.b, c as d; ...`` line imports (its first statement)."""
-    statement = line.strip()[len("import") :].partition(";")[0]
+    """The top-level modules a ``.pth`` line that runs imports: site runs the whole line, so every statement of it
+    (``import a.b, c as d; from e import f; __import__("g"); importlib.import_module("h")``)."""
     names = []
-    for part in statement.split(","):
-        name = part.strip().split(" ")[0].split(".")[0]
-        if name.isidentifier():
-            names.append(name)
+    for statement in line.split(";"):
+        words = statement.split()
+        if len(words) >= 2 and words[0] == "import":
+            parts = statement.strip()[len("import") :].split(",")
+        elif len(words) >= 4 and words[0] == "from" and words[2] == "import":
+            parts = [words[1]]
+        else:
+            parts = [_string_argument(statement, call) for call in ("__import__(", "import_module(")]
+        for part in parts:
+            name = (part or "").strip().split(" ")[0].split(".")[0]
+            if name.isidentifier() and name not in names:
+                names.append(name)
     return names
+
+
+def _string_argument(statement: str, call: str) -> str | None:
+    """The literal string a call ``call`` (``__import__(``) is given first in ``statement``, where it is given one."""
+    at = statement.find(call)
+    if at < 0:
+        return None
+    rest = statement[at + len(call) :].lstrip()
+    if not rest or rest[0] not in "'\"":
+        return None
+    end = rest.find(rest[0], 1)
+    return rest[1:end] if end > 0 else None
 
 
 def _customize_hooks(directories) -> list[Hook]:

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Sequence
 
 _ASKED: dict[tuple, list[str] | None] = {}
+_RUN_PIP = "import runpy\nsys.argv[0] = 'pip'\nrunpy.run_module('pip', run_name='__main__', alter_sys=True)\n"
 
 
 def index_versions(
@@ -36,7 +37,11 @@ def index_versions(
 
 
 def _ask(project: str, pip_options: Sequence[str], python: str, timeout: float) -> list[str] | None:
-    command = [python, "-m", "pip", "index", "versions", project, "--disable-pip-version-check", *pip_options]
+    # that interpreter's pip, started as -m pip would be, but without running its start-up hooks (tree.environment)
+    from patch_dsv4.tree.environment import SAFE_SITE
+
+    args = ["index", "versions", project, "--disable-pip-version-check", *pip_options]
+    command = [python, "-S", "-c", SAFE_SITE + _RUN_PIP, *args]
     try:
         proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
     except (OSError, subprocess.TimeoutExpired, ValueError):

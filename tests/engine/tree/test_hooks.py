@@ -12,7 +12,7 @@ import venv
 
 import pytest
 
-from patch_dsv4.tree import hooks
+from patch_dsv4.tree import environment, hooks, pip_index
 from tests.conftest import ROOT
 
 SCHEMA = json.loads((ROOT / "patcher" / "report.schema.json").read_text())
@@ -153,9 +153,29 @@ def test_a_hostile_hook_is_read_in_bounds_and_never_run(hostile, tmp_path):
     assert not (site / "ran").exists() and not (tmp_path / "ran").exists()
 
 
+@pytest.mark.parametrize(
+    "line",
+    [
+        "import sys; import dsv4_kit",
+        'import sys; __import__("dsv4_kit").install()',
+        "import os; from dsv4_kit.boot import install; install()",
+        "import importlib; importlib.import_module('dsv4_kit')",
+    ],
+)
+def test_every_statement_of_a_pth_line_is_followed(line, tmp_path):
+    """site runs a .pth line that begins with import whole: a module its second statement imports is followed."""
+    site = tmp_path / "site-packages"
+    (site / "dsv4_kit").mkdir(parents=True)
+    (site / "dsv4_kit" / "__init__.py").write_text("TARGET = 'vllm.envs'\n")
+    (site / "zz-kit.pth").write_text(line + "\n")
+    (hook,) = hooks.find_hooks([str(site)])
+    assert (hook.kind, hook.modules, hook.via) == (".pth", ("vllm.envs",), str(site / "dsv4_kit" / "__init__.py"))
+
+
 def test_status_python_names_that_interpreters_own_hooks(make_tree, tmp_path):
     """--python EXE: the hooks on that interpreter's own site paths (a venv whose site-packages holds them, with the
-    tree's vLLM reached through a .pth path line)."""
+    tree's vLLM reached through a .pth path line), read and never run: asking that interpreter for its path and
+    asking its pip what the index serves run none of them."""
     tree = make_tree("0.30.0")
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=False)
@@ -168,8 +188,12 @@ def test_status_python_names_that_interpreters_own_hooks(make_tree, tmp_path):
     ).stdout.strip()
     with open(os.path.join(site, "tree.pth"), "w") as fh:
         fh.write(f"{tree}\n")
+    ran = tmp_path / "ran"
     with open(os.path.join(site, "sitecustomize.py"), "w") as fh:
-        fh.write("import vllm.envs\n")
+        fh.write(f"open({str(ran / 'sitecustomize')!r}, 'w')\nimport vllm.envs\n")
+    with open(os.path.join(site, "kit.pth"), "w") as fh:
+        fh.write(f"import os; open({str(ran / 'pth')!r}, 'w')\n")
+    ran.mkdir()
     run = subprocess.run(
         [sys.executable, "-m", "patch_dsv4", "status", "--python", python, "--json"],
         capture_output=True,
@@ -181,6 +205,11 @@ def test_status_python_names_that_interpreters_own_hooks(make_tree, tmp_path):
     assert [h["file"] for h in document["hooks"]] == [os.path.join(site, "sitecustomize.py")]
     assert document["hooks"][0]["modules"] == ["vllm.envs"]
     assert len(document["notes"]) == 1 and document["notes"][0].endswith(NOTE)
+    # the venv has no pip: asked anyway (doctor's FlashInfer fix), it answers nothing, and runs no hook
+    assert pip_index.index_versions("flashinfer-python", python=python, timeout=60) is None
+    assert sorted(p.name for p in ran.iterdir()) == []
+    # as site itself would find them (the venv's site-packages, the .pth's path line), its hooks left out
+    assert str(tree) in [str(p) for p in environment.ask_interpreter(python).search_path]
 
 
 def test_doctor_warns_naming_the_file_and_the_modules(make_tree, cli, tmp_path):
