@@ -143,8 +143,8 @@ def leftover(store: StateStore, view: StateView) -> str:
 
     try:
         staged = store.copies("staged") if view.kind == "current" else []
-        if not staged:
-            return ""
+        if not staged:  # an empty staged/: the apply completed, interrupted while it removed the last copies
+            return f"{STATE_DIR}/staged/ (completed)" if view.kind == "current" and store.has_staged() else ""
         files = view.manifest.files if view.manifest is not None else {}
         for relpath in staged:  # each copy what the manifest says we wrote: it was saved after them, the apply done
             data = store.read_copy("staged", relpath) if relpath in files else None

@@ -369,7 +369,7 @@ def _recover(env: Environment, store: StateStore) -> tuple[list[str], Manifest |
         return notes, None, None
     store.remove_stray_temps()
     if manifest.transaction is None:
-        if store.copies("staged"):
+        if store.has_staged():  # copies in it, or none left by an apply interrupted while it removed them
             store.clear_staged()
         return notes, manifest, None
     op = manifest.transaction["op"]

@@ -224,7 +224,7 @@ def _run_pip(command: list[str], bars, what: str) -> tuple[int, bytes]:
         if bars is not None:
             task, seen = bars.task(what, None, download=True), 0
             while proc.poll() is None:
-                seen = max(seen, _bytes_under(scratch))  # pip moves the file out when it is whole
+                seen = max(seen, _largest_under(scratch))  # pip moves the file out when it is whole
                 bars.update(task, completed=seen, total=total[0])
                 time.sleep(0.1)
             bars.done(task)
@@ -260,13 +260,15 @@ def _find_size(source, total: list[float | None]) -> None:
                 pass
 
 
-def _bytes_under(directory: str) -> int:
-    """The bytes of every file under ``directory`` (pip's partial download in its temporary directory)."""
+def _largest_under(directory: str) -> int:
+    """The bytes of the largest file under ``directory``: pip's partial download in its temporary directory. Not
+    their sum: over https pip's HTTP cache writes each body twice there (its own temporary copy beside
+    ``pip-unpack-*/NAME.whl``), and one ``--no-deps`` fetch is one file."""
     found = 0
     for root, _dirs, files in os.walk(directory):
         for name in files:
             try:
-                found += os.lstat(os.path.join(root, name)).st_size
+                found = max(found, os.lstat(os.path.join(root, name)).st_size)
             except OSError:
                 pass
     return found

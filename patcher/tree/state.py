@@ -419,6 +419,14 @@ class StateStore:
             with state:
                 state.remove_tree("staged")
 
+    def has_staged(self) -> bool:
+        """Whether ``staged/`` is there, copies in it or not (an apply interrupted while it removed them)."""
+        state = self.state_dir()
+        if state is None:
+            return False
+        with state:
+            return state.lstat("staged") is not None
+
     def copies(self, kind: str) -> list[str]:
         """Relative paths of every regular file under backups/ or staged/ (links are reported as unreadable)."""
         state = self.state_dir()

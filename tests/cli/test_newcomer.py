@@ -148,21 +148,29 @@ def test_an_apply_interrupted_after_its_commit_says_it_completed(make_tree, cli,
     assert cli("verify", "--site-packages", tree).code == 0
 
 
-def test_an_apply_interrupted_as_it_removes_its_staged_copies_is_said_completed_by_status(make_tree, cli, monkeypatch):
-    """Ctrl-C after the commit, while apply removes its staged copies: status says the apply completed (the rows
-    say applied), never that it was interrupted before it changed a file; the next apply removes them."""
+@pytest.mark.parametrize("when", ["before the first copy", "as it removes the emptied staged/"])
+def test_an_apply_interrupted_as_it_removes_its_staged_copies_is_said_completed_by_status(
+    when, make_tree, cli, monkeypatch
+):
+    """Ctrl-C after the commit, while apply removes its staged copies (before the first, or once staged/ is empty):
+    status says the apply completed (the rows say applied), never that it was interrupted before it changed a
+    file; the next apply removes them."""
     from patch_dsv4.tree.state import StateStore
 
     tree = make_tree("0.30.0")
-    clear = StateStore.clear_staged
+    if when == "before the first copy":
+        clear = StateStore.clear_staged
 
-    def interrupt(self, *args, **kwargs):
-        monkeypatch.setattr(StateStore, "clear_staged", clear)
-        raise KeyboardInterrupt
+        def interrupt(self, *args, **kwargs):
+            monkeypatch.setattr(StateStore, "clear_staged", clear)
+            raise KeyboardInterrupt
 
-    monkeypatch.setattr(StateStore, "clear_staged", interrupt)
-    result = cli("apply", "--site-packages", tree)
-    monkeypatch.undo()
+        monkeypatch.setattr(StateStore, "clear_staged", interrupt)
+        result = cli("apply", "--site-packages", tree)
+        monkeypatch.undo()
+    else:
+        result = _interrupted_at("rmdir:staged", tree, "apply")
+        assert list((tree / ".patch-dsv4" / "staged").iterdir()) == []
     assert result.code == 130 and "apply completed" in " ".join(error_lines(result.stderr)), result.stderr
     assert (tree / ".patch-dsv4" / "staged").is_dir()
     status = cli("status", "--site-packages", tree)
@@ -529,6 +537,8 @@ def test_a_wheel_fetch_shows_bytes_and_rate_on_a_terminal_and_nothing_more_on_a_
         assert bars, shown[-2000:]
         assert any(re.search(r" [0-9.]+/4\.0 MB [0-9.]+ [kM]B/s", f) for f in bars), bars[-3:]
         assert all(len(f) <= 80 for f in bars)
+        counts = [re.search(r" ([0-9.]+)/([0-9.]+) MB ", f) for f in bars]
+        assert all(float(m[1]) <= float(m[2]) for m in counts if m), bars  # never past the wheel's size
         piped = subprocess.run([*args, "--cache-dir", str(tmp_path / "pipe")], capture_output=True, text=True, env=env)
         assert "━" not in piped.stderr and "/s" not in piped.stderr
         assert "patch-dsv4: fetching vllm==9.9.9 with pip" in piped.stderr and "patch-dsv4: fetched " in piped.stderr
@@ -538,6 +548,17 @@ def test_a_wheel_fetch_shows_bytes_and_rate_on_a_terminal_and_nothing_more_on_a_
         assert "fetch" not in quiet.stderr and quiet.stdout.strip().startswith("drift: vLLM 9.9.9")
     finally:
         server.shutdown()
+
+
+def test_the_fetch_counts_the_download_once_where_pips_cache_writes_it_twice(tmp_path):
+    """Over https pip's HTTP cache writes each body into its temporary directory beside pip-unpack-*/NAME.whl: the
+    bar counts the download, not both copies (it ran to 466.4/239.0 MB on the real index)."""
+    from patch_dsv4.releases.release_wheel import _largest_under
+
+    (tmp_path / "pip-unpack-x").mkdir()
+    (tmp_path / "pip-unpack-x" / "vllm-0.34.0-cp38-abi3-manylinux_2_28_x86_64.whl").write_bytes(b"w" * 70_000)
+    (tmp_path / "tmpdykfw4y0").write_bytes(b"w" * 69_750)  # the cache's copy, a chunk behind
+    assert _largest_under(str(tmp_path)) == 70_000
 
 
 def test_rich_is_imported_only_where_progress_is_shown(make_tree, cli):
