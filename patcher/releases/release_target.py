@@ -83,10 +83,21 @@ def _override_flashinfer(target: ReleaseTarget, flashinfer_version: str | None) 
 
 
 # -- wheels ------------------------------------------------------------------------
+def _fetch_instead(path: Path) -> str:
+    """drift's way to a release's wheel without one at hand: --vllm-version, for the release the file's name gives,
+    else the newest recorded one."""
+    from patch_dsv4.releases.anchors_store import recorded_versions
+
+    parts = path.name.split("-")
+    named = parts[1] if len(parts) > 2 and parts[0] == "vllm" and parts[1][:1].isdigit() else None
+    version = named or (recorded_versions() or ["0.34.0"])[-1]
+    return f"patch-dsv4 drift --vllm-version {version} (pip fetches its wheel)"
+
+
 def open_wheel(path: Path, flashinfer_version: str | None = None) -> ReleaseTarget:
     """A vLLM wheel, read lazily: the zip's directory now, each member when asked for."""
     if not path.exists():
-        raise EnvironmentProblem(f"no such file: {path}", "", "pass the path of a vLLM wheel (.whl)")
+        raise EnvironmentProblem(f"no such file: {path}", "", _fetch_instead(path))
     if path.is_dir():
         raise EnvironmentProblem(f"{path} is a directory, not a wheel", "", f"patch-dsv4 drift --source {path}")
     try:

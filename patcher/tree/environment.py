@@ -37,6 +37,11 @@ class Installed:
     version: str
     root: Path  # the directory the RECORD paths are relative to
     dist: installed.DistInfo = field(repr=False, compare=False)
+    target: Target | None = field(default=None, repr=False, compare=False)  # how the user named its environment
+
+    def reinstall(self, version: str | None = None) -> str:
+        """The command that reinstalls this release where it is, as the user named the environment."""
+        return _reinstall(self.name, version or self.version, self.target, self.root)
 
     @property
     def path(self) -> Path:
@@ -59,10 +64,10 @@ class Installed:
                 raise EnvironmentProblem(
                     f"{self.name} {self.version}'s RECORD {exc.why}",
                     "nothing tells pip's files from edited ones, so nothing is judged or written",
-                    f"reinstall {self.name}=={self.version}",
+                    self.reinstall(),
                 ) from None
             raise EnvironmentProblem(
-                f"cannot read the RECORD of {self.describe()}", _short(exc), f"reinstall {self.name}=={self.version}"
+                f"cannot read the RECORD of {self.describe()}", _short(exc), self.reinstall()
             ) from None
 
     def requires(self) -> list[str]:
@@ -74,7 +79,28 @@ def _short(exc: BaseException) -> str:
     return text if len(text) <= 160 else text[:157] + "..."
 
 
-def find_distribution(name: str, search_path: Iterable[Path], package: str | None = None) -> Installed | None:
+def _reinstall(name: str, version: str | None, target: Target | None, root: Path | None) -> str:
+    """pip's command that puts ``name`` (at ``version`` where it is known) back where it is installed."""
+    requirement = f"{name}=={version}" if version else name
+    if target is None or root is None:
+        return f"{sys.executable} -m pip install --force-reinstall --no-deps {requirement}"
+    return target.pip(requirement, root)
+
+
+def _version_of_dist_info(path: str) -> str | None:
+    """The version a dist-info's directory name gives (``vllm-0.30.0.dist-info``), where its METADATA cannot."""
+    for part in reversed(Path(path).parts):
+        if part.endswith(".dist-info"):
+            name_version = part[: -len(".dist-info")].split("-")
+            if len(name_version) == 2 and name_version[1][:1].isdigit():
+                return name_version[1]
+            return None
+    return None
+
+
+def find_distribution(
+    name: str, search_path: Iterable[Path], package: str | None = None, target: Target | None = None
+) -> Installed | None:
     """The first distribution called ``name`` on ``search_path`` (import order) (installed.find_dist).
 
     One directory can hold two dist-infos of one project (``pip install
@@ -83,19 +109,28 @@ def find_distribution(name: str, search_path: Iterable[Path], package: str | Non
     match equally well, nothing tells them apart, and that is an error.
     """
     wanted = installed.canonical(name)
+    search_path = list(search_path)
     try:
         found = installed.find_dist(wanted, search_path, package)
     except installed.Ambiguous as exc:
         raise EnvironmentProblem(
             str(exc),
             "nothing tells which release is installed",
-            f"reinstall {wanted} there (pip install --force-reinstall --no-deps), or remove the stale dist-info",
+            f"{_reinstall(wanted, None, target, search_path[0] if search_path else None)}, or remove the stale"
+            " dist-info",
         ) from None
     except installed.Unreadable as exc:
-        raise EnvironmentProblem(f"cannot read a {wanted} METADATA", _short(exc), f"reinstall {wanted}") from None
+        version = _version_of_dist_info(exc.path)
+        dist_info = next((p for p in Path(exc.path).parents if p.name.endswith(".dist-info")), Path(exc.path))
+        root = dist_info.parent
+        if not dist_info.is_absolute():  # named relative to the directory of the search path that holds it
+            root = next((Path(d) for d in search_path if (Path(d) / dist_info).exists()), None)
+        raise EnvironmentProblem(
+            f"cannot read a {wanted} METADATA", _short(exc), _reinstall(wanted, version, target, root)
+        ) from None
     if found is None:
         return None
-    return Installed(wanted, found.version, Path(found.root), found)
+    return Installed(wanted, found.version, Path(found.root), found, target)
 
 
 def flashinfer_pin(requirements: Iterable[str]) -> str | None:
@@ -273,7 +308,9 @@ def locate_vllm(site_packages: Path | None = None, python: str | None = None) ->
             raise EnvironmentProblem(f"cannot use --site-packages {site_packages}", _short(exc)) from None
         if not is_dir:
             raise EnvironmentProblem(
-                f"{site_packages} is not a directory", "", "point --site-packages at the directory holding vllm/"
+                f"{site_packages} is not a directory",
+                "--site-packages names the directory holding vllm/ and its dist-info",
+                f"{sys.executable} -m pip show vllm (its Location:, where vLLM is installed for that Python)",
             )
         search = [site_packages]
         where = str(site_packages)
@@ -287,7 +324,7 @@ def locate_vllm(site_packages: Path | None = None, python: str | None = None) ->
         search = [Path(p) for p in sys.path if p]
         where = f"the environment of {sys.executable}"
         target = Target(None)
-    vllm = find_distribution(VLLM, search, package="vllm")
+    vllm = find_distribution(VLLM, search, package="vllm", target=target)
     try:
         has_package = vllm is not None and (vllm.root / "vllm").is_dir()
     except OSError:
@@ -298,7 +335,7 @@ def locate_vllm(site_packages: Path | None = None, python: str | None = None) ->
             "no vllm-*.dist-info with a vllm/ package beside it",
             "pip install vllm there, or pass --site-packages DIR / --python EXE",
         )
-    flashinfer = find_distribution(FLASHINFER, [vllm.root, *search], package="flashinfer")
+    flashinfer = find_distribution(FLASHINFER, [vllm.root, *search], package="flashinfer", target=target)
     if flashinfer is not None:
         fi_version, fi_source, fi_root = flashinfer.version, "installed", flashinfer.root
     else:

@@ -219,7 +219,25 @@ def mounted(site_packages: str, relpaths, mounts: list[Mount] | None = None) -> 
         return {}
     found = {}
     for relpath in relpaths:
-        why = foreign_mount(site_packages, os.path.join(site_packages, relpath), mounts)
+        path = os.path.join(site_packages, relpath)
+        why = foreign_mount(site_packages, path, mounts) or _mounted_inside(site_packages, path, mounts)
         if why is not None:
             found[relpath] = why
     return found
+
+
+def _mounted_inside(site_packages: str, path: str, mounts: list[Mount]) -> str | None:
+    """Why the directory ``path`` holds a mount point of another file system (a mount over ``.patch-dsv4/backups``
+    takes the backups written there, and takes them away with it); None where none lies below it."""
+    real = os.path.realpath(path)
+    here = mount_of(os.path.realpath(site_packages), mounts)
+    for mount in mounts:
+        if mount.mount_point.startswith(real + "/") and mount is not here:
+            site = os.path.realpath(site_packages)
+            point = mount.mount_point
+            shown = point[len(site) + 1 :] if point.startswith(site + "/") else point
+            return (
+                f"{shown}/ is mounted there ({mount.fstype} from {mount.origin}): what is written there goes to "
+                "another file system; unmount it first"
+            )
+    return None

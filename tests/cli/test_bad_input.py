@@ -4,6 +4,7 @@ clear line on stderr, with exit 2 where the environment cannot be used."""
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 
@@ -51,6 +52,24 @@ def test_directory_without_vllm(tmp_path, cli):
     missing = cli("apply", "--site-packages", tmp_path / "nope")
     assert missing.code == 2
     assert "is not a directory" in _one_line(missing.stderr)
+    # next: a command that says where vLLM is installed
+    assert _one_line(missing.stderr).endswith(
+        f"(next: {sys.executable} -m pip show vllm (its Location:, where vLLM is installed for that Python))"
+    )
+
+
+def test_a_wheel_that_is_not_there_gets_the_command_that_fetches_one(tmp_path, cli):
+    """drift --wheel FILE that does not exist: next fetches the release its name gives, else the newest recorded."""
+    from patch_dsv4.releases.anchors_store import recorded_versions
+
+    named = cli("drift", "--wheel", tmp_path / "vllm-0.31.0-cp38-abi3-manylinux_2_28_x86_64.whl")
+    assert named.code == 2
+    assert _one_line(named.stderr).endswith("(next: patch-dsv4 drift --vllm-version 0.31.0 (pip fetches its wheel))")
+    unnamed = cli("drift", "--wheel", tmp_path / "nope.whl")
+    newest = recorded_versions()[-1]
+    assert _one_line(unnamed.stderr).endswith(
+        f"(next: patch-dsv4 drift --vllm-version {newest} (pip fetches its wheel))"
+    )
 
 
 def test_json_errors_are_json(tmp_path, cli):

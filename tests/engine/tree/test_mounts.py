@@ -307,3 +307,30 @@ def test_a_state_directory_mounted_from_elsewhere_is_refused(make_tree, tmp_path
     assert (tmp_path / "rc").read_text().strip() == "1"
     assert (tmp_path / "err").read_text().splitlines()[0].startswith("patch-dsv4: error: cannot patch .patch-dsv4")
     assert list((tmp_path / "elsewhere").iterdir()) == []
+
+
+def test_a_mount_inside_the_state_directory_is_refused(make_tree, tmp_path):
+    """Applied, then another file system mounted over .patch-dsv4/backups (a copy of the backups on it): status names
+    it; apply --with and revert refuse before writing, so no backup lands on it and none is removed from it (apply
+    wrote three new backups there, and revert deleted them and failed with EBUSY)."""
+    tree = make_tree("0.30.0")
+    (tmp_path / "elsewhere").mkdir()
+    script = (
+        '$PD apply --site-packages "$T" -q && mount -t tmpfs other-fs "$K/elsewhere"'
+        ' && cp -a "$T/.patch-dsv4/backups/." "$K/elsewhere/" && mount --bind "$K/elsewhere" "$T/.patch-dsv4/backups"'
+        ' && find "$K/elsewhere" -type f | sort > "$K/before"'
+        ' && $PD status --site-packages "$T" --json > "$K/status.json";'
+        ' $PD apply --site-packages "$T" --with aux-streams 2> "$K/apply-err"; echo $? > "$K/apply-rc";'
+        ' $PD revert --site-packages "$T" 2> "$K/revert-err"; echo $? > "$K/revert-rc";'
+        ' find "$K/elsewhere" -type f | sort > "$K/after"'
+    )
+    ran = _in_a_mount_namespace(script, tree, tmp_path)
+    if ran.returncode != 0 or not (tmp_path / "revert-rc").exists():
+        pytest.skip(f"a tmpfs or bind mount is not allowed here: {ran.stderr.strip()[-300:]}")
+    notes = json.loads((tmp_path / "status.json").read_text())["notes"]
+    assert any(n.startswith(".patch-dsv4: .patch-dsv4/backups/ is mounted there (") for n in notes), notes
+    for verb in ("apply", "revert"):
+        assert (tmp_path / f"{verb}-rc").read_text().strip() == "1", (tmp_path / f"{verb}-err").read_text()
+        said = " ".join(error_lines((tmp_path / f"{verb}-err").read_text()))
+        assert ".patch-dsv4/backups/ is mounted there" in said and "other-fs" in said, said
+    assert (tmp_path / "after").read_text() == (tmp_path / "before").read_text() != ""
