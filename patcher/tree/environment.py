@@ -296,6 +296,12 @@ class Environment:
         return f"{self.reinstall()}, then patch-dsv4 {command}{self.target.args()}"
 
 
+def _where_is_vllm(python: str | None) -> str:
+    """The command that says where an interpreter has vLLM installed: the directory for --site-packages."""
+    exe = _quote(python or sys.executable)
+    return f"{exe} -m pip show vllm (its Location:, where vLLM is installed for that Python)"
+
+
 def locate_vllm(site_packages: Path | None = None, python: str | None = None) -> Environment:
     """Find vLLM in a directory, in another interpreter's environment, or in this one."""
     interpreter = None
@@ -310,7 +316,7 @@ def locate_vllm(site_packages: Path | None = None, python: str | None = None) ->
             raise EnvironmentProblem(
                 f"{site_packages} is not a directory",
                 "--site-packages names the directory holding vllm/ and its dist-info",
-                f"{sys.executable} -m pip show vllm (its Location:, where vLLM is installed for that Python)",
+                _where_is_vllm(None),
             )
         search = [site_packages]
         where = str(site_packages)
@@ -333,7 +339,7 @@ def locate_vllm(site_packages: Path | None = None, python: str | None = None) ->
         raise EnvironmentProblem(
             f"no vLLM in {where}",
             "no vllm-*.dist-info with a vllm/ package beside it",
-            "pip install vllm there, or pass --site-packages DIR / --python EXE",
+            _where_is_vllm(python),
         )
     flashinfer = find_distribution(FLASHINFER, [vllm.root, *search], package="flashinfer", target=target)
     if flashinfer is not None:

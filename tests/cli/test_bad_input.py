@@ -49,6 +49,9 @@ def test_directory_without_vllm(tmp_path, cli):
     result = cli("status", "--site-packages", tmp_path)
     assert result.code == 2
     assert "no vLLM in" in _one_line(result.stderr)
+    assert _one_line(result.stderr).endswith(
+        f"(next: {sys.executable} -m pip show vllm (its Location:, where vLLM is installed for that Python))"
+    )
     missing = cli("apply", "--site-packages", tmp_path / "nope")
     assert missing.code == 2
     assert "is not a directory" in _one_line(missing.stderr)
