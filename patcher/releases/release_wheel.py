@@ -184,7 +184,7 @@ def fetch_wheel(
         raise EnvironmentProblem(
             f"cannot fetch vllm=={version} with pip",
             last.removeprefix("ERROR: ").strip(),
-            "check the version (pip index versions vllm), or pass --wheel FILE",
+            f"{sys.executable} -m pip index versions vllm (the releases pip's index serves), or pass --wheel FILE",
         )
     hit = cached_wheel(version, cache_dir)
     if hit is None:

@@ -75,6 +75,14 @@ def test_a_wheel_that_is_not_there_gets_the_command_that_fetches_one(tmp_path, c
     )
 
 
+def test_a_release_pip_cannot_fetch_gets_the_command_that_lists_what_it_serves(tmp_path, cli):
+    result = cli("drift", "--vllm-version", "0.0.1", "--pip-option=--no-index", "--cache-dir", tmp_path, "-q")
+    assert result.code == 2
+    assert _one_line(result.stderr).endswith(
+        f"(next: {sys.executable} -m pip index versions vllm (the releases pip's index serves), or pass --wheel FILE)"
+    )
+
+
 def test_json_errors_are_json(tmp_path, cli):
     result = cli("verify", "--site-packages", tmp_path, "--json")
     assert result.code == 2

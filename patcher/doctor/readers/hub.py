@@ -129,7 +129,7 @@ def hub_endpoint(environ=os.environ) -> str:
         raise EnvironmentProblem(
             f"HF_ENDPOINT={clip(repr(value))} is not a URL",
             "it names the Hub or a mirror of it, e.g. https://huggingface.co",
-            "set it to an http:// or https:// address, or unset it to read from the Hub",
+            "unset HF_ENDPOINT (doctor then reads the Hub itself; a mirror is named by its http(s):// address)",
         )
     return value.rstrip("/")
 
@@ -288,6 +288,15 @@ class HubSource(PackSource):
             self.finish()
             raise
 
+    def _no_ranges(self, download: bool) -> str:
+        """The way on from an endpoint that does not answer range requests as asked: the Hub itself, where
+        HF_ENDPOINT named another; else (or too) the pack downloaded and read from disk."""
+        fetch = f"hf download {self.repo} --local-dir DIR, then doctor --pack DIR"
+        if self.endpoint == DEFAULT_ENDPOINT:
+            return fetch
+        hub = "unset HF_ENDPOINT (the Hub answers range requests as asked; this endpoint does not)"
+        return f"{hub}, or {fetch}" if download else hub
+
     def _stop(self, why: str, next_step: str = "") -> HubStop:
         """The one-line stop; the first one made is the one said (other requests in flight then end)."""
         stop = HubStop(f"cannot read {self.label} from {self.endpoint}", why, next_step)
@@ -347,7 +356,7 @@ class HubSource(PackSource):
             raise self._stop(
                 f"the server does not answer as a Hugging Face Hub endpoint (no commit in X-Repo-Commit: "
                 f"{clip(repr(commit))})",
-                "point HF_ENDPOINT at a Hub or a mirror of it",
+                "unset HF_ENDPOINT (doctor then reads the Hub itself), or point it at a mirror of the Hub",
             )
         self.commit = commit
         if listing is None or revision != commit:
@@ -608,8 +617,7 @@ class HubSource(PackSource):
                         f"the server ignored the Range request for {path.name} and began to send the whole file "
                         f"(HTTP 200, {clip(length, 24)} bytes): doctor reads the headers only, so it stopped before "
                         "reading any of it",
-                        "use an endpoint that honours HTTP range requests (HF_ENDPOINT), or download the pack and "
-                        "pass its directory",
+                        self._no_ranges(True),
                     )
                 if status == 404:
                     raise ShardError(
@@ -630,7 +638,7 @@ class HubSource(PackSource):
                     raise self._stop(
                         f"the server answered {asked} of {path.name} {clip(encoding, 24)}-encoded, though doctor "
                         "asked for the bytes as stored",
-                        "use an endpoint that honours HTTP range requests (HF_ENDPOINT)",
+                        self._no_ranges(False),
                     )
                 found = CONTENT_RANGE.match(response.headers.get("Content-Range", ""))
                 first, last, total = (int(x) for x in found.groups()) if found else (-1, -1, -1)
@@ -638,7 +646,7 @@ class HubSource(PackSource):
                     raise self._stop(
                         f"the server answered {asked} of {path.name} with "
                         f"{clip(repr(response.headers.get('Content-Range')))}: not the range asked",
-                        "use an endpoint that honours HTTP range requests (HF_ENDPOINT)",
+                        self._no_ranges(False),
                     )
                 want = last - first + 1
                 for chunk in response.iter_raw():
