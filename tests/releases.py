@@ -53,6 +53,10 @@ def cache_lock(name: str):
 
 
 REQUIRE_WHEELS = "PATCH_DSV4_REQUIRE_WHEELS"
+#: pip's settings as the test session began. The cache is filled from the index they configure, whatever a test has
+#: pointed pip at by then (a stand-in index, or none: that is the tool's pip, not the cache's); a test that asks how
+#: an unfetchable wheel is said sets these instead.
+PIP_SETTINGS = {k: v for k, v in os.environ.items() if k.startswith("PIP_")}
 _unfetchable: dict[str, str] = {}  # what pip could not fetch in this process, with why: asked once
 
 
@@ -63,7 +67,8 @@ def pip_fetch(what: str, args: list[str]) -> None:
     with ``PATCH_DSV4_REQUIRE_WHEELS=1`` (CI) it fails instead, so that nothing is skipped unseen.
     """
     if what not in _unfetchable:
-        ran = subprocess.run([sys.executable, "-m", "pip", *args], capture_output=True, text=True)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")} | PIP_SETTINGS
+        ran = subprocess.run([sys.executable, "-m", "pip", *args], capture_output=True, text=True, env=env)
         if ran.returncode == 0:
             return
         said = [line.strip() for line in (ran.stderr + ran.stdout).splitlines() if line.strip()]

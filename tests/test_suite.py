@@ -58,9 +58,10 @@ def test_the_kill_and_fault_tests_are_marked_slow():
 
 def test_a_wheel_pip_cannot_fetch_skips_naming_it_unless_required(monkeypatch, tmp_path):
     for key, value in _offline_env(tmp_path / "cache").items():
-        monkeypatch.setenv(key, value)
-    for key in [k for k in os.environ if k.startswith("PIP_") and k not in _offline_env(tmp_path)]:
-        monkeypatch.delenv(key)
+        if not key.startswith("PIP_"):
+            monkeypatch.setenv(key, value)
+    offline = {k: v for k, v in _offline_env(tmp_path).items() if k.startswith("PIP_")}
+    monkeypatch.setattr(releases, "PIP_SETTINGS", offline)  # pip as the session began: no index it can reach
     monkeypatch.delenv(releases.REQUIRE_WHEELS, raising=False)
     monkeypatch.setattr(releases, "_unfetchable", {})
     with pytest.raises(pytest.skip.Exception) as skipped:
