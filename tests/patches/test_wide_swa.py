@@ -299,4 +299,6 @@ def test_drift_asks_pip_whether_the_pin_is_served(listed, served, said, monkeypa
     found, note = release_wheel.flashinfer_pin_served("0.7.3", ["--index-url=https://example.invalid/simple"])
     assert found is served and said in note
 
-    assert asked[0][3:6] == ["index", "versions", "flashinfer-python"]
+    # pip of this interpreter, started without running its start-up hooks (-S, then site's rules without them)
+    assert asked[0][1:3] == ["-S", "-c"] and "runpy.run_module('pip'" in asked[0][3]
+    assert asked[0][4:7] == ["index", "versions", "flashinfer-python"]
