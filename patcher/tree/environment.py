@@ -82,9 +82,9 @@ def _short(exc: BaseException) -> str:
 def _reinstall(name: str, version: str | None, target: Target | None, root: Path | None) -> str:
     """pip's command that puts ``name`` (at ``version`` where it is known) back where it is installed."""
     requirement = f"{name}=={version}" if version else name
-    if target is None or root is None:
-        return f"{sys.executable} -m pip install --force-reinstall --no-deps {requirement}"
-    return target.pip(requirement, root)
+    if root is None:  # no directory known: the interpreter's own pip, as for the default target
+        target = None
+    return (target or Target(None)).pip(requirement, root or Path("."))
 
 
 def _version_of_dist_info(path: str) -> str | None:
