@@ -274,8 +274,10 @@ def test_a_gated_pack_needs_hf_token(hub_env, tmp_path):
     with serving({REPO: pack}) as hub:
         hub_env.setenv("HF_ENDPOINT", hub.endpoint)
         hub.token = "hf_test_token"
-        with pytest.raises(EnvironmentProblem, match="gated.*HF_TOKEN"):
+        with pytest.raises(EnvironmentProblem, match="gated.*HF_TOKEN") as refused:
             open_source(f"hf://{REPO}")
+        # the way on is a command (a saved token is sent as HF_TOKEN is)
+        assert "(next: hf auth login, with a token of an account that has accepted its terms" in refused.value.line()
         hub_env.setenv("HF_TOKEN", "hf_test_token")
         _, rows = judge(f"hf://{REPO}")
     assert rows["pack.shards"].status == "pass"

@@ -313,11 +313,12 @@ class HubSource(PackSource):
         if isinstance(exc, errors.GatedRepoError):
             return self._stop(
                 f"the repository is gated and the token sent was refused or missing ({_first_line(exc)})",
-                "accept its terms on the Hub, then set HF_TOKEN to a token of that account",
+                "hf auth login, with a token of an account that has accepted its terms on the Hub (or set HF_TOKEN)",
             )
         if isinstance(exc, errors.RepositoryNotFoundError):
             return self._stop(
-                "no such repository, or it is private", "check OWNER/NAME; for a private one set HF_TOKEN"
+                "no such repository, or it is private",
+                "hf auth login, where it is private (or set HF_TOKEN); else check OWNER/NAME",
             )
         if isinstance(exc, errors.RevisionNotFoundError):
             return self._stop(f"no revision {self.revision!r}", "name a branch, tag or commit of the repository")
@@ -627,7 +628,8 @@ class HubSource(PackSource):
                     )
                 if status in (401, 403):
                     raise self._stop(
-                        f"HTTP {status} for {path.name}", "set HF_TOKEN to a token with access to the pack"
+                        f"HTTP {status} for {path.name}",
+                        "hf auth login, with a token that may read the pack (or set HF_TOKEN)",
                     )
                 if status == 429:
                     self._raise_for(response, path.name)
